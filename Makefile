@@ -1,0 +1,37 @@
+# hethpc: every target sets up what is missing first (scripts/setup.sh is idempotent).
+PY      := .venv/bin/python
+MPIRUN  := scripts/mpirun.sh
+# Bound every mpirun so a hang cannot outlive its run (seconds).
+export HETHPC_MPIRUN_TIMEOUT ?= 900
+export OMP_NUM_THREADS ?= 1
+PYTEST_MPI := $(PY) -m mpi4py -m pytest -q --color=no -p no:cacheprovider tests/mpi
+
+.PHONY: setup demo test test-single test-mpi bench lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+## The README's main command: 2 ranks train on MNIST-1D.
+demo: setup
+	$(MPIRUN) -np 2 $(PY) jobs/train.py $(ARGS)
+
+## The README's test command: single-process tests, then the distributed ones on 2 and 3 ranks.
+test: setup
+	$(MAKE) --no-print-directory test-single test-mpi
+
+test-single:
+	$(PY) -m pytest -q tests
+
+test-mpi:
+	$(MPIRUN) -np 2 $(PYTEST_MPI)
+	$(MPIRUN) -np 3 $(PYTEST_MPI)
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+lint: setup
+	$(PY) -m ruff check hethpc jobs data_tools benchmarks tests
+	$(PY) -m mypy
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache *.egg-info

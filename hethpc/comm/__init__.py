@@ -1,0 +1,70 @@
+"""The only code in hethpc that talks to Horovod or mpi4py.
+
+Everything that communicates takes a ``group`` argument (default: the world) and has a
+size-1 fast path, so a plain ``python`` process (world size 1) makes no collective call.
+
+Tensors go through Horovod (fused allreduce, process sets); small Python objects, numpy
+arrays, votes and point-to-point tensors go through mpi4py, whose small messages cost
+microseconds where a Horovod collective waits for its background cycle (about 1 ms).
+"""
+
+from __future__ import annotations
+
+from hethpc.comm.collectives import (
+    ReduceOp,
+    allgather_array,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_array,
+    barrier,
+    broadcast_model,
+    broadcast_object,
+    broadcast_optimizer_state,
+    grouped_allreduce,
+    grouped_allreduce_,
+)
+from hethpc.comm.errors import CommError
+from hethpc.comm.groups import Group, new_group, world
+from hethpc.comm.p2p import Request, isend_tensor, recv_tensor, send_tensor
+from hethpc.comm.runtime import (
+    abort,
+    abort_on_exception,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    size,
+)
+
+__all__ = [
+    "CommError",
+    "Group",
+    "ReduceOp",
+    "Request",
+    "abort",
+    "abort_on_exception",
+    "allgather_array",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "allreduce_array",
+    "barrier",
+    "broadcast_model",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "init",
+    "is_initialized",
+    "isend_tensor",
+    "local_rank",
+    "local_size",
+    "new_group",
+    "rank",
+    "recv_tensor",
+    "send_tensor",
+    "size",
+    "world",
+]

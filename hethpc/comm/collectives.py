@@ -1,0 +1,248 @@
+"""Collectives: Horovod for tensors, mpi4py for small objects, arrays and votes."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from hethpc.comm.errors import CommError
+from hethpc.comm.groups import Group, resolve
+from hethpc.comm.runtime import state
+
+T = TypeVar("T")
+
+
+class ReduceOp(enum.Enum):
+    """How an allreduce combines the ranks' tensors."""
+
+    SUM = "sum"
+    AVERAGE = "average"
+    MIN = "min"
+    MAX = "max"
+
+
+def _hvd_op(op: ReduceOp) -> Any:
+    hvd = state().hvd
+    assert hvd is not None
+    return {
+        ReduceOp.SUM: hvd.Sum,
+        ReduceOp.AVERAGE: hvd.Average,
+        ReduceOp.MIN: hvd.Min,
+        ReduceOp.MAX: hvd.Max,
+    }[op]
+
+
+def barrier(group: Group | None = None) -> None:
+    """Wait until every rank of ``group`` (default: the world) gets here."""
+    g = resolve(group)
+    if g.size > 1:
+        g.mpi_comm.Barrier()
+
+
+def allgather_object(obj: T, group: Group | None = None) -> list[T]:
+    """Every rank's ``obj`` (small and picklable), in group-rank order, on every rank."""
+    g = resolve(group)
+    if g.size == 1:
+        return [obj]
+    return list(g.mpi_comm.allgather(obj))
+
+
+def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
+    """``obj`` of group rank ``root``, on every rank of the group."""
+    g = resolve(group)
+    if g.size == 1:
+        return obj
+    return g.mpi_comm.bcast(obj, root=root)  # type: ignore[no-any-return]
+
+
+def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray:
+    """Stack every rank's array: shape ``[group size, *array.shape]``, on every rank.
+
+    Raises:
+        CommError: the ranks' arrays differ in shape or dtype (raised on every rank).
+    """
+    g = resolve(group)
+    a = np.ascontiguousarray(array)
+    if g.size == 1:
+        return a[None].copy()
+    metas = g.mpi_comm.allgather((a.shape, a.dtype.str))
+    if len(set(metas)) != 1:
+        detail = ", ".join(f"rank {r}: shape {s} dtype {d}" for r, (s, d) in enumerate(metas))
+        raise CommError(f"allgather_array needs the same shape and dtype on every rank; got {detail}")
+    out = np.empty((g.size, *a.shape), dtype=a.dtype)
+    g.mpi_comm.Allgather(a, out)
+    return out
+
+
+def allreduce_array(
+    array: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
+) -> np.ndarray:
+    """Reduce a small numpy array through mpi4py (microseconds; use it for votes and counts)."""
+    g = resolve(group)
+    a = np.ascontiguousarray(array)
+    if g.size == 1:
+        return a.copy()
+    mpi = state().mpi
+    out = np.empty_like(a)
+    if op is ReduceOp.AVERAGE:
+        g.mpi_comm.Allreduce(a, out, op=mpi.SUM)
+        return out / g.size
+    mpi_op = {ReduceOp.SUM: mpi.SUM, ReduceOp.MIN: mpi.MIN, ReduceOp.MAX: mpi.MAX}[op]
+    g.mpi_comm.Allreduce(a, out, op=mpi_op)
+    return out
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    *,
+    prescale: float = 1.0,
+    group: Group | None = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    """Allreduce one tensor with Horovod; returns a new tensor.
+
+    Args:
+        tensor: any shape; the same shape and dtype on every rank.
+        op: how to combine (Horovod's Sum, Average, Min, Max).
+        prescale: each rank's tensor is multiplied by this before the reduction.
+        group: the ranks taking part (default: the world).
+        name: a name for Horovod's timeline and error messages. Calls are blocking, so a fixed
+            default name is safe, and it lets Horovod's response cache reuse its entries.
+    """
+    g = resolve(group)
+    if g.size == 1:
+        return tensor * prescale if prescale != 1.0 else tensor.clone()
+    hvd = state().hvd
+    assert hvd is not None
+    return hvd.allreduce(  # type: ignore[no-any-return]
+        tensor,
+        op=_hvd_op(op),
+        prescale_factor=prescale,
+        process_set=g.process_set,
+        name=name or "hethpc.allreduce",
+    )
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    *,
+    prescale: float = 1.0,
+    group: Group | None = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    """In-place :func:`allreduce`; returns ``tensor``."""
+    g = resolve(group)
+    if g.size == 1:
+        return tensor.mul_(prescale) if prescale != 1.0 else tensor
+    hvd = state().hvd
+    assert hvd is not None
+    return hvd.allreduce_(  # type: ignore[no-any-return]
+        tensor,
+        op=_hvd_op(op),
+        prescale_factor=prescale,
+        process_set=g.process_set,
+        name=name or "hethpc.allreduce",
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp = ReduceOp.AVERAGE,
+    *,
+    prescale: float = 1.0,
+    group: Group | None = None,
+    name: str | None = None,
+) -> list[torch.Tensor]:
+    """Allreduce a list of tensors as one fused Horovod operation; returns new tensors."""
+    g = resolve(group)
+    if g.size == 1:
+        return [t * prescale if prescale != 1.0 else t.clone() for t in tensors]
+    if not tensors:
+        return []
+    hvd = state().hvd
+    assert hvd is not None
+    return list(
+        hvd.grouped_allreduce(
+            list(tensors),
+            op=_hvd_op(op),
+            prescale_factor=prescale,
+            process_set=g.process_set,
+            name=name or "hethpc.grouped_allreduce",
+        )
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp = ReduceOp.AVERAGE,
+    *,
+    prescale: float = 1.0,
+    group: Group | None = None,
+    name: str | None = None,
+) -> list[torch.Tensor]:
+    """In-place :func:`grouped_allreduce`; returns ``tensors``."""
+    g = resolve(group)
+    if g.size == 1:
+        if prescale != 1.0:
+            for t in tensors:
+                t.mul_(prescale)
+        return list(tensors)
+    if not tensors:
+        return []
+    hvd = state().hvd
+    assert hvd is not None
+    hvd.grouped_allreduce_(
+        list(tensors),
+        op=_hvd_op(op),
+        prescale_factor=prescale,
+        process_set=g.process_set,
+        name=name or "hethpc.grouped_allreduce",
+    )
+    return list(tensors)
+
+
+def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None = None) -> None:
+    """Copy ``model``'s parameters and buffers from group rank ``root`` to every group rank."""
+    g = resolve(group)
+    if g.size == 1:
+        return
+    hvd = state().hvd
+    assert hvd is not None
+    handles = [
+        hvd.broadcast_async_(t, g.ranks[root], name=f"hethpc.bcast.{k}", process_set=g.process_set)
+        for k, t in model.state_dict(keep_vars=False).items()
+    ]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root: int = 0, group: Group | None = None
+) -> None:
+    """Copy ``optimizer``'s state and hyper-parameters from group rank ``root`` to every rank.
+
+    The state travels as one pickled object (mpi4py), moved to the CPU first.
+    """
+    g = resolve(group)
+    if g.size == 1:
+        return
+    sd = optimizer.state_dict() if g.rank == root else None
+    if sd is not None:
+        sd = _to_cpu(sd)
+    optimizer.load_state_dict(g.mpi_comm.bcast(sd, root=root))
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

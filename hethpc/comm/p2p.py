@@ -1,0 +1,129 @@
+"""Point-to-point tensor transfer (mpi4py) with shape and dtype sent along.
+
+GPU tensors are staged through host memory, so any MPI library works, CUDA-aware or not.
+A message is a small header (shape, dtype) followed by the raw bytes of the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hethpc.comm.errors import CommError
+from hethpc.comm.groups import Group, resolve
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(d): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
+
+
+def _check_peer(g: Group, peer: int, what: str) -> None:
+    if g.size == 1:
+        raise CommError(f"{what} needs a peer, but the group has a single rank")
+    if not 0 <= peer < g.size or peer == g.rank:
+        raise CommError(
+            f"{what}: peer {peer} must be another rank of the group (0..{g.size - 1}, "
+            f"not this rank {g.rank})"
+        )
+
+
+def _as_bytes(tensor: torch.Tensor) -> Any:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy()
+
+
+@dataclass
+class Request:
+    """A pending :func:`isend_tensor`; call :meth:`wait` before reusing the tensor's memory."""
+
+    _requests: list[Any] = field(default_factory=list)
+    _keep: list[Any] = field(default_factory=list)  # buffers that must outlive the send
+
+    def wait(self) -> None:
+        """Block until the send has completed."""
+        for r in self._requests:
+            r.Wait()
+        self._requests.clear()
+        self._keep.clear()
+
+    def test(self) -> bool:
+        """Whether the send has completed (does not block)."""
+        done = all(r.Test() for r in self._requests)
+        if done:
+            self._requests.clear()
+            self._keep.clear()
+        return done
+
+
+def isend_tensor(
+    tensor: torch.Tensor, dest: int, *, tag: int = 0, group: Group | None = None
+) -> Request:
+    """Start sending ``tensor`` (any shape, dtype, device) to group rank ``dest``.
+
+    Raises:
+        CommError: ``dest`` is not another rank of the group, or the dtype is unsupported.
+    """
+    g = resolve(group)
+    _check_peer(g, dest, "isend_tensor")
+    if str(tensor.dtype) not in _DTYPES:
+        raise CommError(f"isend_tensor: dtype {tensor.dtype} is not supported")
+    header = (tuple(tensor.shape), str(tensor.dtype))
+    payload = _as_bytes(tensor)
+    comm = g.mpi_comm
+    r1 = comm.isend(header, dest=dest, tag=2 * tag)
+    r2 = comm.Isend(payload, dest=dest, tag=2 * tag + 1)
+    return Request([r1, r2], [payload])
+
+
+def send_tensor(
+    tensor: torch.Tensor, dest: int, *, tag: int = 0, group: Group | None = None
+) -> None:
+    """Send ``tensor`` to group rank ``dest`` and wait until its buffer may be reused."""
+    isend_tensor(tensor, dest, tag=tag, group=group).wait()
+
+
+def recv_tensor(
+    source: int,
+    *,
+    tag: int = 0,
+    device: torch.device | str | None = None,
+    group: Group | None = None,
+) -> torch.Tensor:
+    """Receive a tensor sent by group rank ``source`` with the same ``tag``.
+
+    Args:
+        source: the sender's rank in the group.
+        tag: must match the sender's.
+        device: where the result lives (default: CPU).
+
+    Returns:
+        A new tensor with the sender's shape and dtype.
+    """
+    g = resolve(group)
+    _check_peer(g, source, "recv_tensor")
+    comm = g.mpi_comm
+    shape, dtype_name = comm.recv(source=source, tag=2 * tag)
+    dtype = _DTYPES[dtype_name]
+    numel = 1
+    for s in shape:
+        numel *= s
+    out = torch.empty(numel, dtype=dtype)
+    comm.Recv(out.view(torch.uint8).numpy(), source=source, tag=2 * tag + 1)
+    out = out.reshape(shape)
+    if device is not None and torch.device(device).type != "cpu":
+        out = out.to(device, non_blocking=False)
+    return out

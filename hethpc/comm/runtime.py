@@ -1,0 +1,169 @@
+"""Start-up of MPI and Horovod, the world's rank and size, and ending a failed job."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from types import ModuleType, TracebackType
+from typing import Any
+
+from hethpc.comm.errors import CommError
+
+# Variables that MPI launchers (mpirun/mpiexec of Open MPI, MPICH, Intel MPI) and srun set in
+# each rank. Their presence means MPI must be started; their absence means a plain process.
+_LAUNCHER_VARS = (
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "PMI_RANK",
+    "MPI_LOCALNRANKS",
+    "HYDRA_CONTROL_FD",
+)
+
+
+@dataclass(frozen=True)
+class _State:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    mpi: Any  # the mpi4py.MPI module, or None in a plain process
+    hvd: ModuleType | None  # horovod.torch, or None in a plain process
+
+
+_state: _State | None = None
+
+
+def _launched_by_mpi() -> bool:
+    if "mpi4py.MPI" in sys.modules:
+        return True
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    # srun starts MPI ranks itself (PMI2/PMIx); a single task needs no MPI.
+    return "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def init() -> None:
+    """Start MPI (with ``MPI_THREAD_MULTIPLE``) and Horovod; idempotent.
+
+    Under ``mpirun``/``mpiexec``/``srun`` every rank joins the world. In a plain ``python``
+    process nothing is started: the world has size 1 and no collective is ever called.
+
+    Raises:
+        CommError: MPI cannot give ``MPI_THREAD_MULTIPLE``, or Horovod lacks MPI support.
+    """
+    global _state
+    if _state is not None:
+        return
+    if not _launched_by_mpi():
+        _state = _State(rank=0, size=1, local_rank=0, local_size=1, mpi=None, hvd=None)
+        return
+
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    provided = MPI.Query_thread()
+    if provided != MPI.THREAD_MULTIPLE:
+        names = {
+            MPI.THREAD_SINGLE: "SINGLE",
+            MPI.THREAD_FUNNELED: "FUNNELED",
+            MPI.THREAD_SERIALIZED: "SERIALIZED",
+        }
+        raise CommError(
+            f"MPI provides thread level MPI_THREAD_{names.get(provided, provided)}, but hethpc "
+            "needs MPI_THREAD_MULTIPLE so that Horovod's background thread and mpi4py can share "
+            "MPI. Use an MPI library built with thread support (Open MPI: "
+            "'ompi_info | grep -i thread' must list MPI_THREAD_MULTIPLE: yes), and do not set "
+            "mpi4py.rc.thread_level to a lower level before hethpc.comm.init()."
+        )
+    import horovod.torch as hvd
+
+    if not hvd.mpi_built():
+        raise CommError(
+            "Horovod was built without MPI support; rebuild it with HOROVOD_WITH_MPI=1 "
+            "(scripts/setup.sh does this)."
+        )
+    world_comm = MPI.COMM_WORLD
+    hvd.init(comm=world_comm, process_sets="dynamic")
+    node_comm = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
+    _state = _State(
+        rank=world_comm.Get_rank(),
+        size=world_comm.Get_size(),
+        local_rank=node_comm.Get_rank(),
+        local_size=node_comm.Get_size(),
+        mpi=MPI,
+        hvd=hvd,
+    )
+    node_comm.Free()
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has run in this process."""
+    return _state is not None
+
+
+def state() -> _State:
+    """The started runtime; starts it on first use."""
+    if _state is None:
+        init()
+    assert _state is not None
+    return _state
+
+
+def rank() -> int:
+    """This process's rank in the world."""
+    return state().rank
+
+
+def size() -> int:
+    """Number of ranks in the world."""
+    return state().size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node (picks its GPU)."""
+    return state().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this process's node."""
+    return state().local_size
+
+
+def abort(code: int = 1, message: str | None = None) -> None:
+    """End every rank of the job now, printing ``message`` tagged with this rank.
+
+    Use it when one rank cannot go on: the others would otherwise wait forever in their next
+    collective.
+    """
+    if message:
+        print(f"[rank {rank()}] {message}", file=sys.stderr, flush=True)
+    st = _state
+    if st is not None and st.mpi is not None and st.size > 1:
+        st.mpi.COMM_WORLD.Abort(code)
+    raise SystemExit(code)
+
+
+def _abort_hook(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    r = _state.rank if _state is not None else 0
+    sys.stderr.write("".join(f"[rank {r}] {line}\n" for line in text.rstrip().splitlines()))
+    sys.stderr.write(f"[rank {r}] rank {r} failed; aborting all ranks\n")
+    sys.stderr.flush()
+    if _state is not None and _state.mpi is not None and _state.size > 1:
+        _state.mpi.COMM_WORLD.Abort(1)
+
+
+def abort_on_exception() -> None:
+    """Make an uncaught exception on any rank end the whole job with a non-zero exit code.
+
+    Without this, a rank that raises exits while the others wait in their next collective.
+    """
+    sys.excepthook = _abort_hook

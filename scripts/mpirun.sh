@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# mpirun with the settings hethpc needs on a workstation: root allowed under Open MPI,
+# more ranks than cores, and a wall-clock bound so nothing can hang forever.
+#
+#   scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py ...
+#
+# Environment: HETHPC_MPIRUN_TIMEOUT (seconds, default 0 = no bound), MPIRUN (the launcher).
+set -euo pipefail
+launcher=${MPIRUN:-mpirun}
+args=()
+if "$launcher" --version 2>&1 | grep -q "Open MPI"; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1
+  # Open MPI's vader BTL can fail its CMA probe in containers; this keeps shared memory working.
+  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  args+=(--oversubscribe --bind-to none)
+  if [[ ${HETHPC_MPIRUN_TIMEOUT:-0} != 0 ]]; then
+    args+=(--timeout "$HETHPC_MPIRUN_TIMEOUT")
+  fi
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+exec "$launcher" "${args[@]}" "$@"

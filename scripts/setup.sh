@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One-command, idempotent setup: Open MPI, the .venv, and a cached Horovod wheel.
+#
+# Environment (all optional):
+#   HETHPC_CACHE   where built wheels are kept (default: ~/.cache/hethpc)
+#   PYTHON         the interpreter that creates .venv (default: python3)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+venv="$root/.venv"
+py="$venv/bin/python"
+cache="${HETHPC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hethpc}"
+horovod_version=0.28.1
+torch_version=2.13.0
+stamp="$venv/.hethpc-setup-ok"
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Fast path: nothing changed since the last successful setup.
+if [[ -f "$stamp" && "$stamp" -nt setup.cfg && "$stamp" -nt scripts/setup.sh ]] \
+    && command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+  exit 0
+fi
+
+# 1. MPI: a site module on PATH wins; otherwise the distro's Open MPI.
+if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+  say "MPI: using $(command -v mpirun) ($(mpirun --version 2>&1 | head -n 1))"
+elif [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+  say "MPI: none on PATH; installing Open MPI from the distro packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+elif [[ $(id -u) -eq 0 ]] && command -v dnf >/dev/null; then
+  say "MPI: none on PATH; installing Open MPI from the distro packages"
+  dnf install -y -q openmpi openmpi-devel
+  export PATH="/usr/lib64/openmpi/bin:$PATH"
+else
+  die "no MPI found (mpirun and mpicc must be on PATH).
+  On a cluster: 'module load openmpi' (or your site's MPI module), then rerun.
+  On Debian/Ubuntu: sudo apt-get install openmpi-bin libopenmpi-dev
+  On RHEL/Fedora:   sudo dnf install openmpi openmpi-devel && module load mpi/openmpi-x86_64"
+fi
+
+# 2. The virtual environment with torch (the CPU build when it is on local disk).
+if [[ ! -x "$py" ]]; then
+  say "creating $venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+fi
+"$py" -m pip install -q --upgrade pip setuptools wheel
+if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  say "installing torch==$torch_version"
+  "$py" -m pip install -q "torch==$torch_version"
+fi
+
+# 3. Horovod, built once into the cache: the release hard-codes C++14, torch needs C++17.
+pytag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+mpitag=$(mpicc --showme:version 2>/dev/null | tr -cd '[:alnum:].' | cut -c1-40 || echo mpi)
+wheeldir="$cache/wheels/horovod-$horovod_version-torch$torch_version-$pytag-$mpitag"
+if ! "$py" -c "import horovod.torch" 2>/dev/null; then
+  if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
+    say "building Horovod $horovod_version with PyTorch and MPI (a few minutes, once; cached in $wheeldir)"
+    build=$(mktemp -d)
+    trap 'rm -rf "$build"' EXIT
+    "$py" -m pip install -q cmake
+    "$py" -m pip download -q --no-deps --no-binary :all: "horovod==$horovod_version" -d "$build"
+    tar -xzf "$build/horovod-$horovod_version.tar.gz" -C "$build"
+    src="$build/horovod-$horovod_version"
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+      "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
+      || die "could not patch Horovod's C++ standard in $src/horovod/torch/CMakeLists.txt"
+    PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 \
+      HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
+      "$py" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$build/out" \
+      > "$build/build.log" 2>&1 || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
+    mkdir -p "$wheeldir"
+    mv "$build"/out/horovod-*.whl "$wheeldir/"
+  fi
+  say "installing Horovod from $wheeldir"
+  "$py" -m pip install -q --no-deps "$wheeldir"/horovod-*.whl
+  "$py" -m pip install -q cloudpickle psutil pyyaml packaging cffi
+fi
+
+# 4. mpi4py against this MPI (not a wheel built for another), then hethpc and its dev tools.
+if ! "$py" -c "import mpi4py.MPI" 2>/dev/null; then
+  say "building mpi4py against $(command -v mpicc)"
+  "$py" -m pip install -q --no-binary mpi4py "mpi4py>=4.0,<5"
+fi
+say "installing hethpc (editable) with its dev extra"
+"$py" -m pip install -q --no-build-isolation -e ".[dev]"
+
+# 5. Check it: Horovod imports with MPI built in, and a 2-rank allreduce sums correctly.
+"$py" - <<'PY' || die "Horovod is installed but not usable (see above)"
+import horovod.torch as hvd
+assert hvd.mpi_built(), "Horovod was built without MPI"
+PY
+out=$(scripts/mpirun.sh -np 2 "$py" -c '
+import torch, horovod.torch as hvd
+hvd.init()
+s = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+sums = hvd.allgather_object(int(s.item()))
+if hvd.rank() == 0:
+    print("allreduce sums", *sums)
+' 2>&1) || { echo "$out" >&2; die "2-rank Horovod allreduce failed"; }
+grep -q '^allreduce sums 3 3$' <<<"$out" \
+  || { echo "$out" >&2; die "2-rank Horovod allreduce gave a wrong sum (expected 3 on both ranks)"; }
+say "ok: Horovod $horovod_version (MPI), mpi4py, torch $torch_version; 2-rank allreduce = 3"
+touch "$stamp"

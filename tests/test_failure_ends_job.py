@@ -1,0 +1,77 @@
+"""A rank that raises while the others wait in a collective ends the job: never a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIRUN = ROOT / "scripts" / "mpirun.sh"
+
+pytestmark = pytest.mark.skipif(
+    "OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself; run it outside mpirun"
+)
+
+WAITING_TEST = '''
+import torch
+from hethpc import comm
+
+def test_one_rank_raises():
+    comm.init()
+    if comm.rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    comm.allreduce(torch.ones(1))  # rank 0 waits here for a partner that never comes
+'''
+
+WAITING_SCRIPT = '''
+import torch
+from hethpc import comm
+comm.abort_on_exception()
+comm.init()
+if comm.rank() == 1:
+    raise RuntimeError("rank 1 fails on purpose")
+comm.allreduce(torch.ones(1))
+'''
+
+
+def _run(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [str(MPIRUN), "-np", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(timeout))},
+    )
+    return proc, time.perf_counter() - t0
+
+
+def test_pytest_under_mpirun_fails_instead_of_hanging(tmp_path: Path) -> None:
+    test_dir = tmp_path / "mpi"
+    test_dir.mkdir()
+    (test_dir / "conftest.py").write_text((ROOT / "tests" / "mpi" / "conftest.py").read_text())
+    (test_dir / "test_waits.py").write_text(WAITING_TEST)
+    proc, took = _run(
+        [sys.executable, "-m", "mpi4py", "-m", "pytest", "-p", "no:cacheprovider", str(test_dir)],
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "rank 1 fails on purpose" in out, out
+    assert took < 60, f"took {took:.1f} s"
+
+
+def test_job_script_aborts_all_ranks_and_names_the_rank(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(WAITING_SCRIPT)
+    proc, took = _run([sys.executable, str(script)], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "[rank 1]" in out and "rank 1 fails on purpose" in out, out
+    assert took < 60, f"took {took:.1f} s"
