@@ -56,7 +56,7 @@ def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
     g = resolve(group)
     if g.size == 1:
         return obj
-    return g.mpi_comm.bcast(obj, root=root)  # type: ignore[no-any-return]
+    return g.mpi_comm.bcast(obj, root=root)
 
 
 def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray:
@@ -72,7 +72,9 @@ def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray
     metas = g.mpi_comm.allgather((a.shape, a.dtype.str))
     if len(set(metas)) != 1:
         detail = ", ".join(f"rank {r}: shape {s} dtype {d}" for r, (s, d) in enumerate(metas))
-        raise CommError(f"allgather_array needs the same shape and dtype on every rank; got {detail}")
+        raise CommError(
+            f"allgather_array needs the same shape and dtype on every rank; got {detail}"
+        )
     out = np.empty((g.size, *a.shape), dtype=a.dtype)
     g.mpi_comm.Allgather(a, out)
     return out
@@ -119,7 +121,7 @@ def allreduce(
         return tensor * prescale if prescale != 1.0 else tensor.clone()
     hvd = state().hvd
     assert hvd is not None
-    return hvd.allreduce(  # type: ignore[no-any-return]
+    return hvd.allreduce(
         tensor,
         op=_hvd_op(op),
         prescale_factor=prescale,
@@ -142,7 +144,7 @@ def allreduce_(
         return tensor.mul_(prescale) if prescale != 1.0 else tensor
     hvd = state().hvd
     assert hvd is not None
-    return hvd.allreduce_(  # type: ignore[no-any-return]
+    return hvd.allreduce_(
         tensor,
         op=_hvd_op(op),
         prescale_factor=prescale,

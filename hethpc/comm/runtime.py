@@ -6,7 +6,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from hethpc.comm.errors import CommError
@@ -30,7 +30,7 @@ class _State:
     local_rank: int
     local_size: int
     mpi: Any  # the mpi4py.MPI module, or None in a plain process
-    hvd: ModuleType | None  # horovod.torch, or None in a plain process
+    hvd: Any  # horovod.torch, or None in a plain process
 
 
 _state: _State | None = None

@@ -63,7 +63,8 @@ def test_allreduce_sum_and_average(world: tuple[int, int], dtype: torch.dtype) -
     r, n = world
     x = torch.full((3, 2), float(r + 1), dtype=dtype)
     total = n * (n + 1) / 2
-    torch.testing.assert_close(comm.allreduce(x, ReduceOp.SUM), torch.full((3, 2), total, dtype=dtype))
+    expected_sum = torch.full((3, 2), total, dtype=dtype)
+    torch.testing.assert_close(comm.allreduce(x, ReduceOp.SUM), expected_sum)
     torch.testing.assert_close(comm.allreduce(x), torch.full((3, 2), total / n, dtype=dtype))
     assert x[0, 0].item() == r + 1, "allreduce must not change its input"
 
