@@ -1,0 +1,33 @@
+"""Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only."""
+
+from __future__ import annotations
+
+from hethpc.sync.averaging import agree, average_gradients_, average_model_
+from hethpc.sync.bsp import BSP
+from hethpc.sync.errors import SyncError
+from hethpc.sync.factory import POLICIES, make_policy
+from hethpc.sync.fedavg import FedAvg
+from hethpc.sync.local_only import LocalOnly
+from hethpc.sync.policy import SyncPolicy
+from hethpc.sync.records import SyncRecord, SyncSummary
+from hethpc.sync.selsync import SelSync
+from hethpc.sync.significance import Significance, SignificanceTracker, gradient_norm
+
+__all__ = [
+    "BSP",
+    "POLICIES",
+    "FedAvg",
+    "LocalOnly",
+    "SelSync",
+    "Significance",
+    "SignificanceTracker",
+    "SyncError",
+    "SyncPolicy",
+    "SyncRecord",
+    "SyncSummary",
+    "agree",
+    "average_gradients_",
+    "average_model_",
+    "gradient_norm",
+    "make_policy",
+]

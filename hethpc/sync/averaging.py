@@ -1,0 +1,151 @@
+"""The communicating part of every policy: the vote, and fused averages of models and gradients.
+
+Votes go through one tiny mpi4py collective (microseconds); tensors through ONE fused Horovod
+allreduce per synchronisation, never one per tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from hethpc import comm
+from hethpc.comm import Group, ReduceOp
+from hethpc.sync.errors import SyncError
+
+# Sums of b_k / B over ranks are compared with 1 to this tolerance.
+WEIGHT_TOLERANCE = 1e-6
+
+
+def _size(group: Group | None) -> int:
+    return comm.size() if group is None else group.size
+
+
+def check_weight(weight: float | None) -> bool:
+    """Whether one rank's ``weight`` is usable on its own: None, or finite in ``(0, 1]``."""
+    return weight is None or (math.isfinite(weight) and 0.0 < weight <= 1.0)
+
+
+def agree(vote: bool, weight: float | None, *, group: Group | None = None) -> int:
+    """Exchange votes and check the weights in one tiny collective; the same result on every rank.
+
+    Args:
+        vote: this rank's wish to synchronise now.
+        weight: this rank's share of the global batch, ``b_k / B``; None for equal shares.
+            Either every rank passes a weight or none does, and the weights sum to 1.
+        group: the ranks that decide together (default: the world).
+
+    Returns:
+        The number of ranks that voted yes.
+
+    Raises:
+        SyncError: on every rank, when a weight is invalid, only some ranks pass one, or the
+            weights do not sum to 1 (the message names the ranks and their weights).
+    """
+    row = np.array(
+        [
+            float(vote),
+            float(weight) if weight is not None and check_weight(weight) else 0.0,
+            float(weight is None),
+            float(not check_weight(weight)),
+        ]
+    )
+    table = comm.allgather_array(row, group)
+    votes = int(table[:, 0].sum())
+    fix = "pass weight = b_k / B on every rank, with sum(b_k) == B (or no weight on any rank)"
+    bad = [r for r in range(len(table)) if table[r, 3]]
+    if bad:
+        raise SyncError(f"rank(s) {bad} passed a weight outside (0, 1] or non-finite; {fix}")
+    without = [r for r in range(len(table)) if table[r, 2]]
+    if 0 < len(without) < len(table):
+        raise SyncError(f"rank(s) {without} passed no weight while the others did; {fix}")
+    if not without:
+        total = float(table[:, 1].sum())
+        if abs(total - 1.0) > WEIGHT_TOLERANCE:
+            shares = ", ".join(f"rank {r}: {w:.6g}" for r, w in enumerate(table[:, 1]))
+            raise SyncError(f"weights sum to {total:.6g}, not 1 ({shares}); {fix}")
+    return votes
+
+
+def _reduce_(
+    tensors: list[torch.Tensor], weight: float | None, group: Group | None, name: str
+) -> None:
+    if _size(group) == 1 or not tensors:
+        return
+    if weight is None:
+        comm.grouped_allreduce_(tensors, ReduceOp.AVERAGE, group=group, name=name)
+    else:
+        comm.grouped_allreduce_(tensors, ReduceOp.SUM, prescale=weight, group=group, name=name)
+
+
+def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the tensors' elements."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def average_model_(
+    model: torch.nn.Module, *, weight: float | None = None, group: Group | None = None
+) -> int:
+    """Average parameters and buffers across ranks, in place: one fused allreduce.
+
+    Floating-point parameters and buffers (BatchNorm's running statistics) are averaged,
+    weighted by ``weight`` (``sum_k w_k x_k``) when given, plainly otherwise. Integer and
+    boolean buffers (BatchNorm's ``num_batches_tracked``) take their maximum over ranks, through
+    one small mpi4py allreduce. Every rank must call it, with the same model structure.
+
+    Args:
+        model: the replica to average; its tensors are overwritten.
+        weight: this rank's ``b_k / B`` (checked beforehand by :func:`agree`), or None.
+        group: the ranks that average together (default: the world).
+
+    Returns:
+        The payload bytes this rank put into the float allreduce.
+    """
+    floats = [p.data for p in model.parameters()]
+    floats += [b for b in model.buffers() if b.is_floating_point()]
+    ints = [b for b in model.buffers() if not b.is_floating_point()]
+    _reduce_(floats, weight, group, "hethpc.sync.model")
+    if ints and _size(group) > 1:
+        flat = np.concatenate([b.detach().cpu().numpy().astype(np.int64).ravel() for b in ints])
+        top = comm.allreduce_array(flat, ReduceOp.MAX, group)
+        offset = 0
+        for b in ints:
+            n = b.numel()
+            b.copy_(torch.from_numpy(top[offset : offset + n]).reshape(b.shape).to(b.dtype))
+            offset += n
+    return payload_bytes(floats)
+
+
+def average_gradients_(
+    parameters: Iterable[torch.nn.Parameter],
+    *,
+    weight: float | None = None,
+    group: Group | None = None,
+) -> int:
+    """Average the gradients of ``parameters`` across ranks, in place: one fused allreduce.
+
+    A parameter that requires a gradient but has none gets zeros first (as
+    ``hvd.DistributedOptimizer`` does), so every rank contributes the same list of tensors.
+    With ``weight = b_k / B`` each rank's mean gradient is scaled by it and the ranks sum: the
+    result is the gradient of the whole global batch.
+
+    Returns:
+        The payload bytes this rank put into the allreduce.
+    """
+    grads: list[torch.Tensor] = []
+    for p in parameters:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    _reduce_(grads, weight, group, "hethpc.sync.grads")
+    return payload_bytes(grads)
+
+
+def gradient_bytes(parameters: Iterable[torch.nn.Parameter]) -> int:
+    """What one BSP gradient allreduce of ``parameters`` carries, in bytes."""
+    return payload_bytes(p for p in parameters if p.requires_grad)

@@ -1,0 +1,37 @@
+"""BSP: bulk-synchronous training, one fused gradient allreduce every step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hethpc.sync.averaging import agree, average_gradients_
+from hethpc.sync.policy import Outcome, SyncPolicy
+
+
+class BSP(SyncPolicy):
+    """Average the gradients across ranks every step, then step: what
+    ``hvd.DistributedOptimizer`` does, with one fused allreduce and ``b_k / B`` weights.
+
+    Args:
+        group: the ranks that synchronise together (default: the world).
+        keep_records: keep every step's record.
+    """
+
+    name = "bsp"
+
+    def _step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        norm: float,
+        weight: float | None,
+    ) -> Outcome:
+        t0 = time.perf_counter()
+        votes = agree(True, weight, group=self.group)
+        nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
+        seconds = time.perf_counter() - t0
+        optimizer.step()
+        return Outcome(synced=True, votes=votes, sync_s=seconds, bytes=nbytes)

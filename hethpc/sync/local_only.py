@@ -1,0 +1,30 @@
+"""Local only: no synchronisation at all until :meth:`~SyncPolicy.finish` averages the replicas."""
+
+from __future__ import annotations
+
+import torch
+
+from hethpc.sync.policy import Outcome, SyncPolicy
+
+
+class LocalOnly(SyncPolicy):
+    """Every step is local; :meth:`finish` averages parameters and buffers once at the end.
+
+    Args:
+        group: the ranks that average at the end (default: the world).
+        keep_records: keep every step's record.
+    """
+
+    name = "local"
+
+    def _step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        norm: float,
+        weight: float | None,
+    ) -> Outcome:
+        # No collective here: the weights are checked, on every rank, when finish() averages.
+        optimizer.step()
+        return Outcome(synced=False)

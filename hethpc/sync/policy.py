@@ -1,0 +1,204 @@
+"""The abstract sync policy: a local optimizer step plus a rule for when and what to average."""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from hethpc.comm import Group
+from hethpc.sync.averaging import agree, average_model_, gradient_bytes
+from hethpc.sync.errors import SyncError
+from hethpc.sync.records import SyncRecord, SyncSummary
+from hethpc.sync.significance import NormKind, gradient_norm
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a policy's :meth:`SyncPolicy._step` did (the base class adds the bookkeeping)."""
+
+    synced: bool
+    votes: int = 0
+    smoothed_norm: float = math.nan
+    delta: float = math.nan
+    sync_s: float = 0.0
+    bytes: int = 0
+    model_averaged: bool = False
+
+
+class SyncPolicy(abc.ABC):
+    """When to synchronise data-parallel replicas, and how; it also takes the optimizer step.
+
+    Use a plain optimizer (never ``hvd.DistributedOptimizer``): after ``loss.backward()`` call
+    :meth:`step` on every rank, every step. It communicates through :mod:`hethpc.comm` only
+    (the same collectives in the same order on every rank) and returns a :class:`SyncRecord`.
+    Before evaluating, call :meth:`finish` so the replicas agree.
+
+    Args:
+        group: the ranks that synchronise together (default: the world).
+        keep_records: keep every step's record in :attr:`records` (small; disable for very
+            long runs).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, *, group: Group | None = None, keep_records: bool = True) -> None:
+        self.group = group
+        self.keep_records = keep_records
+        self.records: list[SyncRecord] = []
+        self._step_count = 0
+        self._synced = 0
+        self._bytes = 0
+        self._bsp_bytes = 0
+        self._sync_s = 0.0
+        self._diverged = False  # replicas may differ: a local step since the last model average
+        self._last_weight: float | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps taken so far."""
+        return self._step_count
+
+    @property
+    def norm_kind(self) -> NormKind:
+        """How the recorded gradient norm is computed (see :func:`gradient_norm`)."""
+        return "global"
+
+    def step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        weight: float | None = None,
+        compute_s: float = math.nan,
+    ) -> SyncRecord:
+        """Take one training step: vote and communicate as the policy says, and step the optimizer.
+
+        Args:
+            model: this rank's replica, with the local gradients of this step in ``.grad``.
+            optimizer: a plain optimizer over ``model``'s parameters; ``step()`` is called here.
+            weight: this rank's share of the global batch, ``b_k / B``, when ranks take unequal
+                batches; the averages are then weighted by it. None (default) means equal
+                shares, ``1 / N``. Either all ranks pass a weight or none; they must sum to 1.
+            compute_s: seconds of forward and backward, only copied into the record.
+
+        Returns:
+            The step's record (also appended to :attr:`records` when ``keep_records``).
+
+        Raises:
+            SyncError: on every rank, when the weights are inconsistent.
+        """
+        norm = gradient_norm(model.parameters(), kind=self.norm_kind)
+        out = self._step(model, optimizer, norm=norm, weight=weight)
+        if out.model_averaged:
+            self._diverged = False
+        elif not out.synced:
+            self._diverged = True
+        # A gradient average keeps equal replicas equal and unequal ones unequal: no change.
+        record = SyncRecord(
+            step=self._step_count,
+            grad_norm=norm,
+            smoothed_norm=out.smoothed_norm,
+            delta=out.delta,
+            votes=out.votes,
+            synced=out.synced,
+            sync_s=out.sync_s,
+            compute_s=float(compute_s),
+            bytes=out.bytes,
+        )
+        self._step_count += 1
+        self._synced += int(out.synced)
+        self._bytes += out.bytes
+        self._bsp_bytes += gradient_bytes(model.parameters())
+        self._sync_s += out.sync_s
+        self._last_weight = weight
+        if self.keep_records:
+            self.records.append(record)
+        return record
+
+    @abc.abstractmethod
+    def _step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        norm: float,
+        weight: float | None,
+    ) -> Outcome:
+        """Communicate as the policy says and call ``optimizer.step()`` exactly once."""
+
+    def _average_model(self, model: torch.nn.Module, weight: float | None) -> tuple[float, int]:
+        """Check weights, then one fused model average; returns ``(seconds, bytes)``."""
+        t0 = time.perf_counter()
+        agree(True, weight, group=self.group)
+        nbytes = average_model_(model, weight=weight, group=self.group)
+        return time.perf_counter() - t0, nbytes
+
+    def finish(self, model: torch.nn.Module) -> bool:
+        """Make the replicas equal before evaluation, if local steps may have made them differ.
+
+        Averages parameters and buffers, weighted by the last ``weight`` given to :meth:`step`.
+        Every rank must call it; all take the same branch.
+
+        Returns:
+            Whether an average was taken.
+        """
+        if not self._diverged:
+            return False
+        seconds, nbytes = self._average_model(model, self._last_weight)
+        self._sync_s += seconds
+        self._bytes += nbytes
+        self._diverged = False
+        return True
+
+    def summary(self) -> SyncSummary:
+        """Fraction of steps synchronised and bytes communicated, against BSP."""
+        steps = self._step_count
+        return SyncSummary(
+            policy=self.name,
+            steps=steps,
+            synced_steps=self._synced,
+            sync_fraction=self._synced / steps if steps else 0.0,
+            bytes=self._bytes,
+            bsp_bytes=self._bsp_bytes,
+            bytes_vs_bsp=self._bytes / self._bsp_bytes if self._bsp_bytes else 0.0,
+            sync_s=self._sync_s,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and decision state (not the records), so a resumed run goes on identically."""
+        return {
+            "policy": self.name,
+            "step": self._step_count,
+            "synced": self._synced,
+            "bytes": self._bytes,
+            "bsp_bytes": self._bsp_bytes,
+            "sync_s": self._sync_s,
+            "diverged": self._diverged,
+            "last_weight": self._last_weight,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`.
+
+        Raises:
+            SyncError: the state belongs to another policy.
+        """
+        if state.get("policy") != self.name:
+            raise SyncError(
+                f"sync state was saved by policy {state.get('policy')!r}, but this run uses "
+                f"{self.name!r}; resume with the same policy"
+            )
+        self._step_count = int(state["step"])
+        self._synced = int(state["synced"])
+        self._bytes = int(state["bytes"])
+        self._bsp_bytes = int(state["bsp_bytes"])
+        self._sync_s = float(state["sync_s"])
+        self._diverged = bool(state["diverged"])
+        w = state["last_weight"]
+        self._last_weight = None if w is None else float(w)
+

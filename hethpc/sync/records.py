@@ -1,0 +1,72 @@
+"""What a sync policy reports: one record per step and a summary of the run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    """One training step as a sync policy saw it.
+
+    Attributes:
+        step: the policy's step counter (0-based), equal on every rank.
+        grad_norm: L2 norm of this rank's local gradient before any communication.
+        smoothed_norm: SelSync's EWMA of the norm (``nan`` for other policies).
+        delta: SelSync's relative change of the smoothed norm (``nan`` for other policies).
+        votes: number of ranks that voted to synchronise (SelSync; 0 for other policies).
+        synced: whether the step synchronised (SYNC) or stayed local (LOCAL).
+        sync_s: seconds spent in this step's collectives (vote and allreduces) on this rank.
+        compute_s: seconds of forward and backward, as passed to ``step`` (``nan`` if not).
+        bytes: payload bytes this rank put into tensor allreduces this step.
+    """
+
+    step: int
+    grad_norm: float
+    smoothed_norm: float
+    delta: float
+    votes: int
+    synced: bool
+    sync_s: float
+    compute_s: float = math.nan
+    bytes: int = 0
+
+    @property
+    def decision(self) -> str:
+        """``"SYNC"`` or ``"LOCAL"``."""
+        return "SYNC" if self.synced else "LOCAL"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields plus ``decision``, for logs and JSON."""
+        return {**asdict(self), "decision": self.decision}
+
+
+@dataclass(frozen=True)
+class SyncSummary:
+    """A run so far, against what BSP would have communicated.
+
+    Attributes:
+        policy: the policy's name.
+        steps: steps taken.
+        synced_steps: steps that synchronised.
+        sync_fraction: ``synced_steps / steps`` (0 before the first step).
+        bytes: payload bytes this rank put into tensor allreduces.
+        bsp_bytes: what BSP would have put in: one gradient allreduce per step.
+        bytes_vs_bsp: ``bytes / bsp_bytes`` (0 before the first step).
+        sync_s: seconds spent in collectives, summed over the steps.
+    """
+
+    policy: str
+    steps: int
+    synced_steps: int
+    sync_fraction: float
+    bytes: int
+    bsp_bytes: int
+    bytes_vs_bsp: float
+    sync_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict, for logs and JSON."""
+        return asdict(self)
