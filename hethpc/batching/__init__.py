@@ -1,0 +1,34 @@
+"""Dynamic batching: per-rank batch sizes proportional to throughput, global batch fixed."""
+
+from __future__ import annotations
+
+from hethpc.batching.allocation import (
+    AllocationError,
+    allocate,
+    exceeds_deadband,
+    max_relative_change,
+    uniform_sizes,
+)
+from hethpc.batching.controller import MODES, BatchController, BatchingError
+from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.gradients import WeightError, weighted_gradient_allreduce
+from hethpc.batching.slowdown import Slowdown, SlowdownError, SlowdownSchedule, stretch
+
+__all__ = [
+    "MODES",
+    "Adjustment",
+    "AllocationError",
+    "BatchController",
+    "BatchingError",
+    "Slowdown",
+    "SlowdownError",
+    "SlowdownSchedule",
+    "WeightError",
+    "allocate",
+    "decide",
+    "exceeds_deadband",
+    "max_relative_change",
+    "stretch",
+    "uniform_sizes",
+    "weighted_gradient_allreduce",
+]

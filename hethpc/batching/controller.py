@@ -1,0 +1,279 @@
+"""The batch controller: times each rank's compute and resizes batches in proportion to speed."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hethpc import comm
+from hethpc.batching.allocation import Bound, allocate
+from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.slowdown import Slowdown, SlowdownSchedule, stretch
+
+MODES = ("dynamic", "static", "uniform")
+
+
+class BatchingError(ValueError):
+    """A batch-controller setting is invalid, or the ranks disagree on one."""
+
+
+class BatchController:
+    """Per-rank batch sizes that track each rank's measured compute throughput.
+
+    Every rank times its own compute (forward + backward: start a clock before the forward and
+    call :meth:`timer_stop` after the backward), smooths the per-sample time with an EWMA, and
+    every ``interval`` steps the ranks allgather ``(b_k, t_k)`` through mpi4py and all adopt the
+    same new sizes, proportional to throughput, summing to ``global_batch``, when the largest
+    relative change exceeds ``deadband``. Create it on every rank of ``group`` at the same point
+    and call :meth:`update` on every rank every step.
+
+    Args:
+        global_batch: B, the samples of one step over the group; never changes.
+        mode: ``"dynamic"`` (resize on measurements), ``"static"`` (fixed sizes from
+            ``weights``) or ``"uniform"`` (equal sizes).
+        weights: per-rank weights (e.g. core counts) for the first sizes (dynamic) or the fixed
+            sizes (static); None for equal sizes.
+        interval: steps between control decisions (dynamic).
+        deadband: adopt new sizes only when the largest relative change exceeds this (5 %).
+        smoothing: EWMA weight of the old average, in [0, 1): ``s = a*s + (1-a)*t``; 0 keeps
+            only the latest step. The default 0.7 keeps about 3 % of a value after 10 steps.
+        b_min: smallest batch of a rank, an int or one per rank (>= 1).
+        b_max: largest batch of a rank, an int or one per rank; None for no bound.
+        probe_steps: if > 0, the first decision comes after this many steps (at the start
+            sizes) and is adopted whatever its change; then every ``interval`` steps.
+        slowdown: emulated heterogeneity applied in :meth:`timer_stop`: a
+            :class:`SlowdownSchedule`, its ``"rank:factor@step"`` spec, or None.
+        device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
+        group: the data-parallel ranks sharing the global batch (default: the world).
+
+    Raises:
+        BatchingError: a setting is out of range, or the ranks were given different settings
+            (raised on every rank).
+        AllocationError: the global batch cannot be split within the bounds.
+    """
+
+    def __init__(
+        self,
+        global_batch: int,
+        *,
+        mode: str = "dynamic",
+        weights: Sequence[float] | np.ndarray | None = None,
+        interval: int = 10,
+        deadband: float = 0.05,
+        smoothing: float = 0.7,
+        b_min: Bound = 1,
+        b_max: Bound = None,
+        probe_steps: int = 0,
+        slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
+        device: torch.device | str | None = None,
+        group: comm.Group | None = None,
+    ) -> None:
+        self._group = comm.world() if group is None else group
+        self._rank = self._group.rank
+        self._n = self._group.size
+        self._slowdown = SlowdownSchedule.of(slowdown)
+        self._device = torch.device(device) if device is not None else None
+        self.global_batch = int(global_batch)
+        self.mode = mode
+        self.interval = int(interval)
+        self.deadband = float(deadband)
+        self.smoothing = float(smoothing)
+        self.probe_steps = int(probe_steps)
+        self._b_min, self._b_max = b_min, b_max
+        settings = (
+            self.global_batch, mode, None if weights is None else [float(w) for w in weights],
+            self.interval, self.deadband, self.smoothing, _plain(b_min), _plain(b_max),
+            self.probe_steps, self._slowdown.spec,
+        )
+        # Decide on gathered settings so that a mismatch raises the same error on every rank.
+        seen = comm.allgather_object(repr(settings), group=self._group)
+        if any(s != seen[0] for s in seen):
+            differ = [k for k, s in enumerate(seen) if s != seen[0]]
+            raise BatchingError(
+                f"BatchController settings differ between ranks: rank(s) {differ} were given "
+                f"{[seen[k] for k in differ]} but rank 0 {seen[0]}; pass the same settings on "
+                "every rank"
+            )
+        self._validate(weights)
+        if mode == "uniform" or weights is None:
+            start = allocate(self.global_batch, [1.0] * self._n, b_min=b_min, b_max=b_max)
+        else:
+            start = allocate(self.global_batch, weights, b_min=b_min, b_max=b_max)
+        self._sizes = start
+        self._ewma: float | None = None  # smoothed compute seconds per sample, this rank
+        self._since = 0
+        self._probe_pending = mode == "dynamic" and self.probe_steps > 0
+        self._step = 0
+        self._last: dict[str, float] = {}
+        self.adjustments: list[Adjustment] = []
+
+    def _validate(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        if self.mode not in MODES:
+            raise BatchingError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.interval < 1:
+            raise BatchingError(f"interval must be at least 1 step, got {self.interval}")
+        if not 0 <= self.deadband < 1:
+            raise BatchingError(f"deadband must be in [0, 1), got {self.deadband}")
+        if not 0 <= self.smoothing < 1:
+            raise BatchingError(f"smoothing must be in [0, 1), got {self.smoothing}")
+        if self.probe_steps < 0:
+            raise BatchingError(f"probe_steps must be >= 0, got {self.probe_steps}")
+        if self._slowdown.max_rank >= self._n:
+            raise BatchingError(
+                f"slowdown {self._slowdown.spec!r} names rank {self._slowdown.max_rank}, but the "
+                f"group has {self._n} rank(s) (0..{self._n - 1})"
+            )
+        if weights is not None:
+            if self.mode == "uniform":
+                raise BatchingError(
+                    "mode 'uniform' takes no weights; use mode 'static' for fixed weights"
+                )
+            w = [float(v) for v in weights]
+            if len(w) != self._n or any(not math.isfinite(v) or v <= 0 for v in w):
+                raise BatchingError(
+                    f"weights must be {self._n} finite positive numbers (one per rank), got {w}"
+                )
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        """Per-rank batch sizes (int64, ``sum == global_batch``), the same on every rank."""
+        return self._sizes.copy()
+
+    @property
+    def local_batch(self) -> int:
+        """This rank's batch size."""
+        return int(self._sizes[self._rank])
+
+    @property
+    def slowdown(self) -> SlowdownSchedule:
+        """The emulated-slowdown schedule."""
+        return self._slowdown
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """This rank's figures from the latest :meth:`update`: ``step``, ``rank``,
+        ``batch_size``, ``compute_s`` and ``smoothed_s`` (smoothed seconds at this size)."""
+        return dict(self._last)
+
+    def timer_stop(self, t0: float, *, step: int | None = None) -> float:
+        """Seconds of compute since ``t0`` (a ``time.perf_counter()`` reading).
+
+        Synchronises the device first on CUDA, then, under an emulated slowdown of factor F,
+        sleeps ``(F - 1)`` times the compute so far; the sleep is part of the returned time.
+
+        Args:
+            t0: the clock reading taken just before the forward pass.
+            step: the current step; defaults to the step after the last :meth:`update`.
+        """
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        elapsed = time.perf_counter() - t0
+        stretch(elapsed, self._slowdown.factor(self._rank, self._step if step is None else step))
+        return time.perf_counter() - t0
+
+    def update(self, *, step: int, compute_s: float) -> Adjustment | None:
+        """Fold in this step's compute time; every ``interval`` steps, decide new sizes.
+
+        Call on every rank every step (it communicates on decision steps). A time that is not
+        finite and positive is left out of the average; if a rank has no valid average at a
+        decision, every rank keeps the current sizes and records why.
+
+        Args:
+            step: the step just computed (0-based).
+            compute_s: this rank's compute seconds for it (from :meth:`timer_stop`).
+
+        Returns:
+            The decision (adopted or held) on decision steps, otherwise None.
+        """
+        b = self.local_batch
+        t = float(compute_s)
+        if math.isfinite(t) and t > 0:
+            per_sample = t / b
+            a = self.smoothing
+            self._ewma = per_sample if self._ewma is None else a * self._ewma + (1 - a) * per_sample
+        smoothed = self._ewma * b if self._ewma is not None else math.nan
+        self._last = {
+            "step": step,
+            "rank": self._rank,
+            "batch_size": b,
+            "compute_s": t,
+            "smoothed_s": smoothed,
+        }
+        self._step = step + 1
+        if self.mode != "dynamic":
+            return None
+        self._since += 1
+        if self._since < (self.probe_steps if self._probe_pending else self.interval):
+            return None
+        self._since = 0
+        return self._decide(step)
+
+    def _decide(self, step: int) -> Adjustment:
+        mine = np.array([float(self.local_batch), math.nan if self._ewma is None else self._ewma])
+        gathered = comm.allgather_array(mine, group=self._group)
+        rec = decide(
+            step,
+            self._sizes,
+            gathered[:, 1],
+            global_batch=self.global_batch,
+            deadband=self.deadband,
+            b_min=self._b_min,
+            b_max=self._b_max,
+            force=self._probe_pending,
+        )
+        if rec.applied:
+            self._sizes = np.asarray(rec.new_sizes, dtype=np.int64)
+        self._probe_pending = False
+        self.adjustments.append(rec)
+        return rec
+
+    def state_dict(self) -> dict[str, Any]:
+        """The controller's state. ``ewma`` is this rank's own smoothed time; loading another
+        rank's state only perturbs the first interval's estimate."""
+        return {
+            "global_batch": self.global_batch,
+            "world_size": self._n,
+            "mode": self.mode,
+            "sizes": [int(v) for v in self._sizes],
+            "ewma": self._ewma,
+            "since": self._since,
+            "probe_pending": self._probe_pending,
+            "step": self._step,
+            "adjustments": [a.as_dict() for a in self.adjustments],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            BatchingError: the state is for another global batch, group size or mode.
+        """
+        expected = {"global_batch": self.global_batch, "world_size": self._n, "mode": self.mode}
+        for key, mine in expected.items():
+            if state.get(key) != mine:
+                raise BatchingError(
+                    f"cannot load a batch-controller state with {key}={state.get(key)!r} into one "
+                    f"with {key}={mine!r}; resume with the settings of the saved run"
+                )
+        sizes = np.asarray(state["sizes"], dtype=np.int64)
+        if sizes.shape != (self._n,) or int(sizes.sum()) != self.global_batch:
+            raise BatchingError(
+                f"saved sizes {state['sizes']} do not split global batch {self.global_batch}"
+            )
+        self._sizes = sizes
+        self._ewma = None if state["ewma"] is None else float(state["ewma"])
+        self._since = int(state["since"])
+        self._probe_pending = bool(state["probe_pending"])
+        self._step = int(state["step"])
+        self.adjustments = [Adjustment.from_dict(a) for a in state["adjustments"]]
+
+
+def _plain(b: Bound) -> int | list[int] | None:
+    if b is None or isinstance(b, (int, np.integer)):
+        return None if b is None else int(b)
+    return [int(v) for v in b]
