@@ -1,0 +1,51 @@
+"""Data: built-in data sets, HDF5 shards, partitioners, loaders and injection."""
+
+from __future__ import annotations
+
+from hethpc.data.errors import DatasetError, LoaderError, PartitionError, ShardError
+from hethpc.data.injection import Injector, local_batch_size, senders, share_size
+from hethpc.data.loader import Loader
+from hethpc.data.manifest import Manifest, ShardInfo
+from hethpc.data.mnist1d import ArrayDataset, load_mnist1d
+from hethpc.data.order import block_shuffle, rotate_chunks
+from hethpc.data.partition import (
+    PARTITIONERS,
+    DirichletPartitioner,
+    IIDPartitioner,
+    LabelSkewPartitioner,
+    Partitioner,
+    SelDPPartitioner,
+    make_partitioner,
+)
+from hethpc.data.sharded import ShardedDataset, open_dataset
+from hethpc.data.writer import DatasetWriter, sha256_file, write_dataset
+
+__all__ = [
+    "PARTITIONERS",
+    "ArrayDataset",
+    "DatasetError",
+    "DatasetWriter",
+    "DirichletPartitioner",
+    "IIDPartitioner",
+    "Injector",
+    "LabelSkewPartitioner",
+    "Loader",
+    "LoaderError",
+    "Manifest",
+    "PartitionError",
+    "Partitioner",
+    "SelDPPartitioner",
+    "ShardError",
+    "ShardInfo",
+    "ShardedDataset",
+    "block_shuffle",
+    "load_mnist1d",
+    "local_batch_size",
+    "make_partitioner",
+    "open_dataset",
+    "rotate_chunks",
+    "senders",
+    "share_size",
+    "sha256_file",
+    "write_dataset",
+]

@@ -1,0 +1,45 @@
+"""Partitioners: pure maps from (labels, world size, rank, seed) to a rank's sample indices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hethpc.data.errors import PartitionError
+from hethpc.data.partition.base import Partitioner
+from hethpc.data.partition.dirichlet import DirichletPartitioner
+from hethpc.data.partition.iid import IIDPartitioner
+from hethpc.data.partition.label_skew import LabelSkewPartitioner
+from hethpc.data.partition.seldp import SelDPPartitioner
+
+PARTITIONERS: dict[str, type[Partitioner]] = {
+    "iid": IIDPartitioner,
+    "seldp": SelDPPartitioner,
+    "label_skew": LabelSkewPartitioner,
+    "dirichlet": DirichletPartitioner,
+}
+
+
+def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
+    """Build a partitioner by name (``iid``, ``seldp``, ``label_skew``, ``dirichlet``).
+
+    Raises:
+        PartitionError: unknown name, or settings the partitioner does not take.
+    """
+    cls = PARTITIONERS.get(name.replace("-", "_"))
+    if cls is None:
+        raise PartitionError(f"unknown partitioner {name!r}; choose one of {sorted(PARTITIONERS)}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise PartitionError(f"partitioner {name!r} does not take {sorted(kwargs)}: {e}") from e
+
+
+__all__ = [
+    "PARTITIONERS",
+    "DirichletPartitioner",
+    "IIDPartitioner",
+    "LabelSkewPartitioner",
+    "Partitioner",
+    "SelDPPartitioner",
+    "make_partitioner",
+]

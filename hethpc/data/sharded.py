@@ -1,0 +1,283 @@
+"""Reader of HDF5-sharded datasets: checks on open, lazy per-process file handles, chunk reads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from hethpc.data.errors import DatasetError, ShardError
+from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_path
+from hethpc.data.writer import sha256_file
+
+SHARD_SUFFIXES = (".h5", ".hdf5")
+
+
+class ShardedDataset:
+    """A read-only view of a dataset directory; build it with :func:`open_dataset`.
+
+    Labels of every shard are held in memory (``labels``); samples are read on demand in whole
+    HDF5 chunks (the unit HDF5 checksums and decompresses), kept in a small LRU cache, so reads
+    of indices that share chunks cost one chunk read. File handles are opened lazily in the
+    process that reads and reopened after a fork (h5py handles do not survive one), so the
+    object may be built before workers are started and pickled to them.
+
+    Attributes:
+        root: the dataset directory.
+        manifest: its parsed manifest.
+        labels: every sample's label, shape ``[len(self)]``, int64.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        labels: np.ndarray,
+        *,
+        locking: bool | None = None,
+        cache_bytes: int = 128 << 20,
+    ) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.labels = labels
+        self.locking = locking
+        self.cache_bytes = int(cache_bytes)
+        self._paths = [shard_path(root, s.file) for s in manifest.shards]
+        counts = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._chunk = manifest.chunk_samples
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._files: dict[int, h5py.File] = {}
+        self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        for k in ("_files", "_cache", "_lock", "_pid", "_cached"):
+            d.pop(k, None)
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._reset()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def num_classes(self) -> int:
+        """Labels lie in ``0 .. num_classes - 1``."""
+        return self.manifest.num_classes
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample."""
+        return self.manifest.sample_shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Stored dtype of the samples."""
+        return np.dtype(self.manifest.dtype)
+
+    @property
+    def chunk_samples(self) -> int:
+        """Samples per HDF5 chunk: reads of nearby indices share chunks."""
+        return self._chunk
+
+    def _file(self, shard: int) -> h5py.File:
+        if os.getpid() != self._pid:
+            self._reset()  # forked: the parent's handles are not usable here
+        f = self._files.get(shard)
+        if f is None:
+            kw: dict[str, Any] = {} if self.locking is None else {"locking": self.locking}
+            try:
+                f = h5py.File(self._paths[shard], "r", **kw)
+            except OSError as e:
+                raise ShardError(
+                    f"cannot open shard {self._paths[shard]}: {e}; run "
+                    f"'python data_tools/inspect_dataset.py {self.root} --verify'"
+                ) from e
+            self._files[shard] = f
+        return f
+
+    def _read_chunk(self, shard: int, chunk: int) -> np.ndarray:
+        key = (shard, chunk)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        a = chunk * self._chunk
+        b = min(a + self._chunk, int(self._starts[shard + 1] - self._starts[shard]))
+        try:
+            data = self._file(shard)["x"][a:b]
+        except OSError as e:
+            raise ShardError(
+                f"shard {self._paths[shard]} is corrupt (samples {a}..{b - 1} fail their HDF5 "
+                f"checksum: {e}); restore or re-convert it, and verify the dataset "
+                "(open_dataset(..., verify=True))"
+            ) from e
+        self._cache[key] = data
+        self._cached += data.nbytes
+        while self._cached > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached -= old.nbytes
+        return data
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples and labels at ``indices``, in that order.
+
+        Chunks are visited in ascending file order, each read once as a contiguous block.
+
+        Args:
+            indices: global sample indices, shape ``[k]``.
+
+        Returns:
+            ``x`` of shape ``[k, *sample_shape]`` (stored dtype) and ``y`` of shape ``[k]``.
+
+        Raises:
+            IndexError: an index is out of range.
+            ShardError: a shard cannot be opened or fails its checksum.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
+        out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        local = idx - self._starts[shard]
+        key = shard * (1 << 32) + local // self._chunk
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        bounds = np.flatnonzero(np.diff(ks)) + 1
+        with self._lock:
+            for grp in np.split(order, bounds):
+                if not len(grp):
+                    continue
+                s = int(shard[grp[0]])
+                c = int(local[grp[0]] // self._chunk)
+                data = self._read_chunk(s, c)
+                out[grp] = data[local[grp] - c * self._chunk]
+        return out, self.labels[idx]
+
+    def close(self) -> None:
+        """Close open files and drop cached chunks (they reopen on the next read)."""
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+            self._cache.clear()
+            self._cached = 0
+
+
+def _problem_files(root: Path, manifest: Manifest) -> list[str]:
+    problems = []
+    listed = {s.file for s in manifest.shards}
+    for s in manifest.shards:
+        p = shard_path(root, s.file)
+        if not p.is_file():
+            problems.append(f"missing shard file {p} (restore it or convert the dataset again)")
+        elif p.stat().st_size != s.num_bytes:
+            problems.append(
+                f"shard {p} is {p.stat().st_size} bytes, the manifest says {s.num_bytes} "
+                "(truncated or replaced; restore it or convert the dataset again)"
+            )
+    for p in sorted(root.iterdir()):
+        if p.suffix in SHARD_SUFFIXES and p.name not in listed:
+            problems.append(
+                f"extra shard file {p} is not in {MANIFEST_NAME} (remove it, or convert again "
+                "so that the manifest lists it)"
+            )
+    return problems
+
+
+def _check_shard(p: Path, s: ShardInfo, m: Manifest, locking: bool | None) -> np.ndarray:
+    kw: dict[str, Any] = {} if locking is None else {"locking": locking}
+    try:
+        with h5py.File(p, "r", **kw) as f:
+            if "x" not in f or "y" not in f:
+                raise ShardError(f"shard {p} lacks dataset 'x' or 'y'; convert the data again")
+            x, y = f["x"], f["y"]
+            want = (s.num_samples, *m.sample_shape)
+            if x.shape != want or y.shape != (s.num_samples,):
+                raise ShardError(
+                    f"shard {p} holds x{x.shape}, y{y.shape}; the manifest says x{want}, "
+                    f"y({s.num_samples},); shards disagree: convert the dataset again"
+                )
+            if x.dtype != np.dtype(m.dtype) or y.dtype != np.dtype(m.label_dtype):
+                raise ShardError(
+                    f"shard {p} has dtypes x {x.dtype}, y {y.dtype}; the manifest says "
+                    f"{m.dtype}, {m.label_dtype}; convert the dataset again"
+                )
+            labels = y[:].astype(np.int64)
+    except OSError as e:
+        raise ShardError(f"shard {p} is not a readable HDF5 file ({e}); restore it") from e
+    if len(labels) and (labels.min() < 0 or labels.max() >= m.num_classes):
+        raise ShardError(f"shard {p} has labels outside 0..{m.num_classes - 1}")
+    hist = np.bincount(labels, minlength=m.num_classes).tolist()
+    if hist != list(s.label_counts):
+        raise ShardError(f"shard {p}: label histogram {hist} differs from the manifest's")
+    return labels
+
+
+def open_dataset(
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = True,
+    locking: bool | None = None,
+    cache_bytes: int = 128 << 20,
+) -> ShardedDataset:
+    """Open a dataset directory written by :class:`~hethpc.data.DatasetWriter`.
+
+    Always checked: the manifest, that shard names stay inside the directory, missing or extra
+    shard files, file sizes (truncation), each shard's shapes, dtypes and label histogram.
+    ``verify`` also hashes every file against the manifest's sha256 (reads all the data once).
+
+    Args:
+        path: the dataset directory.
+        verify: check each shard's sha256 (catches any corrupt byte before training starts).
+        locking: HDF5 file locking; False for shared filesystems that lack locks (Lustre, NFS,
+            GPFS without flock), None for HDF5's default.
+        cache_bytes: bytes of decoded chunks kept per process.
+
+    Raises:
+        DatasetError: no manifest, or it is malformed or names a path outside ``path``.
+        ShardError: a shard is missing, extra, truncated, corrupt or disagrees with the
+            manifest; the message names every such file.
+    """
+    root = Path(path)
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        raise DatasetError(
+            f"{root} is not a dataset directory (no {MANIFEST_NAME}); create one with "
+            "data_tools/convert.py"
+        )
+    manifest = Manifest.from_json(mpath.read_text(), where=str(mpath))
+    problems = _problem_files(root, manifest)
+    labels: list[np.ndarray] = []
+    if not problems:
+        for s in manifest.shards:
+            p = shard_path(root, s.file)
+            if verify and sha256_file(p) != s.sha256:
+                problems.append(
+                    f"shard {p} fails its sha256 checksum (corrupt or modified; restore it "
+                    "or convert the dataset again)"
+                )
+                continue
+            try:
+                labels.append(_check_shard(p, s, manifest, locking))
+            except ShardError as e:
+                problems.append(str(e))
+    if problems:
+        raise ShardError(f"dataset {root} is damaged:\n  " + "\n  ".join(problems))
+    return ShardedDataset(
+        root, manifest, np.concatenate(labels), locking=locking, cache_bytes=cache_bytes
+    )
