@@ -86,7 +86,7 @@ def allocate(
     hi = _bounds("b_max", b_max, n, None)
     assert lo is not None
     if hi is None:
-        hi = [B] * n
+        hi = [max(B, v) for v in lo]
     crossed = [k for k in range(n) if lo[k] > hi[k]]
     if crossed:
         raise AllocationError(

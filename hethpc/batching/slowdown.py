@@ -66,9 +66,9 @@ class SlowdownSchedule:
         for item in spec.split(","):
             text = item.strip()
             try:
-                head, _, at = text.partition("@")
+                head, sep, at = text.partition("@")
                 r, f = head.split(":")
-                entries.append(Slowdown(int(r), float(f), int(at) if at else 0))
+                entries.append(Slowdown(int(r), float(f), int(at) if sep else 0))
             except SlowdownError:
                 raise
             except ValueError:
