@@ -1,0 +1,166 @@
+"""Pipeline schedules as tables of (clock tick, stage, micro-batch, F/B): pure functions.
+
+A schedule fixes, for every stage, the order in which it runs the forward (F) and backward (B)
+pass of each micro-batch. Ticks come from simulating that order with one tick per pass: a pass
+starts as soon as its stage is free and its input exists (F after the previous stage's F of the
+same micro-batch, B after the next stage's B, the last stage's B after its own F).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hethpc.pipeline.errors import ScheduleError
+
+FORWARD = "F"
+BACKWARD = "B"
+
+
+class Task(NamedTuple):
+    """One row of a schedule: at ``tick``, ``stage`` runs pass ``kind`` of ``micro_batch``."""
+
+    tick: int
+    stage: int
+    micro_batch: int
+    kind: str  # "F" or "B"
+
+
+def _check(stages: int, micro_batches: int) -> None:
+    if stages < 1 or micro_batches < 1:
+        raise ScheduleError(
+            f"a schedule needs at least one stage and one micro-batch, got stages={stages}, "
+            f"micro_batches={micro_batches}"
+        )
+
+
+def gpipe_order(stages: int, micro_batches: int) -> list[list[tuple[int, str]]]:
+    """GPipe: every stage runs all forwards, then all backwards (last micro-batch first)."""
+    _check(stages, micro_batches)
+    m = micro_batches
+    order = [(i, FORWARD) for i in range(m)] + [(i, BACKWARD) for i in reversed(range(m))]
+    return [list(order) for _ in range(stages)]
+
+
+def one_f_one_b_order(stages: int, micro_batches: int) -> list[list[tuple[int, str]]]:
+    """1F1B (PipeDream-Flush): ``P-1-s`` warm-up forwards on stage ``s``, then alternate.
+
+    Stage ``s`` never holds more than ``P - s`` micro-batches of activations.
+    """
+    _check(stages, micro_batches)
+    m = micro_batches
+    out = []
+    for s in range(stages):
+        warm = min(stages - 1 - s, m)
+        order = [(i, FORWARD) for i in range(warm)]
+        for i in range(m - warm):
+            order += [(warm + i, FORWARD), (i, BACKWARD)]
+        order += [(i, BACKWARD) for i in range(m - warm, m)]
+        out.append(order)
+    return out
+
+
+def clock(orders: Sequence[Sequence[tuple[int, str]]]) -> list[Task]:
+    """Assign clock ticks to per-stage orders (one tick per pass) and return the table.
+
+    Args:
+        orders: ``orders[s]`` lists stage ``s``'s passes as ``(micro_batch, "F"|"B")``; each
+            stage must run F and B of every micro-batch exactly once.
+
+    Returns:
+        Tasks sorted by (tick, stage).
+
+    Raises:
+        ScheduleError: the orders are incomplete, or they wait on each other forever.
+    """
+    stages = len(orders)
+    if stages == 0:
+        raise ScheduleError("a schedule needs at least one stage")
+    m = len(orders[0]) // 2
+    want = sorted((i, k) for i in range(m) for k in (FORWARD, BACKWARD))
+    for s, order in enumerate(orders):
+        if sorted(order) != want:
+            raise ScheduleError(
+                f"stage {s} must run F and B of micro-batches 0..{m - 1} exactly once, got {order}"
+            )
+    done: dict[tuple[int, int, str], int] = {}  # (stage, micro_batch, kind) -> tick
+    pos = [0] * stages
+    free = [0] * stages
+    total = 2 * m * stages
+    while len(done) < total:
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(orders[s]):
+                i, kind = orders[s][pos[s]]
+                if kind == FORWARD:
+                    dep = (s - 1, i, FORWARD) if s > 0 else None
+                else:
+                    dep = (s + 1, i, BACKWARD) if s < stages - 1 else (s, i, FORWARD)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[s], done[dep] + 1 if dep is not None else 0)
+                done[(s, i, kind)] = start
+                free[s] = start + 1
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            stuck = {s: orders[s][pos[s]] for s in range(stages) if pos[s] < len(orders[s])}
+            raise ScheduleError(f"the per-stage orders deadlock; stages wait at {stuck}")
+    return sorted(
+        (Task(t, s, i, k) for (s, i, k), t in done.items()), key=lambda r: (r.tick, r.stage)
+    )
+
+
+def gpipe_schedule(stages: int, micro_batches: int) -> list[Task]:
+    """The GPipe table: all forwards, then all backwards, on every stage."""
+    return clock(gpipe_order(stages, micro_batches))
+
+
+def one_f_one_b_schedule(stages: int, micro_batches: int) -> list[Task]:
+    """The 1F1B table: one forward, one backward in steady state."""
+    return clock(one_f_one_b_order(stages, micro_batches))
+
+
+SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
+
+
+def make_schedule(name: str, stages: int, micro_batches: int) -> list[Task]:
+    """The schedule called ``name`` ("gpipe" or "1f1b").
+
+    Raises:
+        ScheduleError: unknown name or impossible sizes.
+    """
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+    return SCHEDULES[name](stages, micro_batches)
+
+
+def stage_tasks(table: Sequence[Task], stage: int) -> list[Task]:
+    """The rows of ``stage``, in the order that stage runs them."""
+    return sorted((t for t in table if t.stage == stage), key=lambda r: r.tick)
+
+
+def makespan(table: Sequence[Task]) -> int:
+    """Ticks from the first pass to the end of the last."""
+    return max(t.tick for t in table) + 1
+
+
+def idle_fraction(table: Sequence[Task]) -> float:
+    """Share of stage-ticks spent waiting (the bubble), with every pass one tick long."""
+    stages = 1 + max(t.stage for t in table)
+    return 1.0 - len(table) / (stages * makespan(table))
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The theoretical idle fraction ``(P-1)/(m+P-1)`` of GPipe and 1F1B."""
+    _check(stages, micro_batches)
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def peak_in_flight(table: Sequence[Task], stage: int) -> int:
+    """Most micro-batches whose forward has run on ``stage`` but not yet their backward."""
+    live = peak = 0
+    for t in stage_tasks(table, stage):
+        live += 1 if t.kind == FORWARD else -1
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,223 @@
+"""A pipelined model gives the loss and gradients of the same model run in one process.
+
+Configurations (stages P x replicas D) that do not match the world size are skipped, so one
+file covers P=2 on 2 ranks, P=3 on 3 ranks, P=2 x D=2 on 4 ranks, and P=1 in a plain process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.pipeline import (
+    ActivationMeter,
+    Pipeline,
+    PipelineError,
+    PipelineGroups,
+    make_pipeline_groups,
+)
+
+WIDTH = 12
+# (stages, replicas, balance): layers per stage of the 7-layer model below.
+CONFIGS = [
+    pytest.param(1, 1, (7,), id="P1"),
+    pytest.param(1, 2, (7,), id="P1xD2"),
+    pytest.param(2, 1, (3, 4), id="P2"),
+    pytest.param(3, 1, (2, 2, 3), id="P3"),
+    pytest.param(2, 2, (4, 3), id="P2xD2"),
+    pytest.param(4, 1, (2, 2, 2, 1), id="P4"),
+]
+SCHEDULES = ["gpipe", "1f1b"]
+_groups: dict[int, PipelineGroups] = {}
+
+
+def make_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(6, WIDTH),
+        nn.Tanh(),
+        nn.Linear(WIDTH, WIDTH),
+        nn.ReLU(),
+        nn.Linear(WIDTH, WIDTH),
+        nn.Tanh(),
+        nn.Linear(WIDTH, 4),
+    )
+
+
+def make_batch(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 6, generator=g), torch.randint(0, 4, (rows,), generator=g)
+
+
+def groups_for(stages: int, replicas: int) -> PipelineGroups:
+    if stages * replicas != comm.size():
+        pytest.skip(f"P={stages} x D={replicas} needs {stages * replicas} ranks, world has {comm.size()}")
+    if stages not in _groups:
+        _groups[stages] = make_pipeline_groups(stages)
+    return _groups[stages]
+
+
+def reference_grads(x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    ref = make_model()
+    loss = nn.functional.cross_entropy(ref(x), y)
+    loss.backward()
+    return loss.item(), {k: p.grad for k, p in ref.named_parameters()}
+
+
+def stage_grads(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    """The stage's gradients under the whole model's parameter names."""
+    offset = sum(pipe.balance[: pipe.stage])
+    out = {}
+    for k, p in pipe.module.named_parameters():
+        layer, name = k.split(".", 1)
+        assert p.grad is not None, f"stage {pipe.stage}: no gradient for {k}"
+        out[f"{int(layer) + offset}.{name}"] = p.grad
+    return out
+
+
+def expected_names(pipe: Pipeline) -> set[str]:
+    lo = sum(pipe.balance[: pipe.stage])
+    hi = lo + pipe.balance[pipe.stage]
+    return {k for k, _ in make_model().named_parameters() if lo <= int(k.split(".")[0]) < hi}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+@pytest.mark.parametrize(
+    ("rows", "micro_batches", "checkpoint"),
+    [
+        pytest.param(16, 4, False, id="16rows-m4"),
+        pytest.param(10, 4, False, id="10rows-m4-uneven"),
+        pytest.param(12, 3, True, id="12rows-m3-recompute"),
+    ],
+)
+def test_loss_and_gradients_match_one_process(
+    stages: int,
+    replicas: int,
+    balance: tuple[int, ...],
+    schedule: str,
+    rows: int,
+    micro_batches: int,
+    checkpoint: bool,
+) -> None:
+    groups = groups_for(stages, replicas)
+    pipe = Pipeline(
+        make_model(),
+        balance=balance,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        stage_group=groups.stage_group,
+        dp_group=groups.dp_group,
+        checkpoint=checkpoint,
+    )
+    x, y = make_batch(rows * replicas)
+    d = groups.layout.replica
+    xd, yd = x[d * rows : (d + 1) * rows], y[d * rows : (d + 1) * rows]
+    for _ in range(2):  # a second step reuses the tags and must give the same result
+        pipe.module.zero_grad()
+        loss = pipe.train_step(xd, yd, nn.functional.cross_entropy)
+    ref_loss, _ = reference_grads(xd, yd)
+    _, ref = reference_grads(x, y)  # replicas average to the whole batch's gradient
+    if pipe.is_last:
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    else:
+        assert loss is None
+    got = stage_grads(pipe)
+    assert set(got) == expected_names(pipe)
+    for k, g in got.items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+def test_replicas_weighted_by_unequal_batches(
+    stages: int, replicas: int, balance: tuple[int, ...]
+) -> None:
+    groups = groups_for(stages, replicas)
+    sizes = [5 + 3 * d for d in range(replicas)]  # replica d holds sizes[d] rows
+    total = sum(sizes)
+    x, y = make_batch(total, seed=3)
+    d = groups.layout.replica
+    lo = sum(sizes[:d])
+    pipe = Pipeline(
+        make_model(),
+        balance=balance,
+        micro_batches=4,
+        stage_group=groups.stage_group,
+        dp_group=groups.dp_group,
+    )
+    pipe.train_step(x[lo : lo + sizes[d]], y[lo : lo + sizes[d]], nn.functional.cross_entropy,
+                    dp_weight=sizes[d] / total)
+    _, ref = reference_grads(x, y)
+    for k, g in stage_grads(pipe).items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+def test_inference_matches_one_process(
+    stages: int, replicas: int, balance: tuple[int, ...], schedule: str
+) -> None:
+    groups = groups_for(stages, replicas)
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=3, schedule=schedule,
+                    stage_group=groups.stage_group)
+    x, _ = make_batch(11)
+    out = pipe.forward(x)
+    if pipe.is_last:
+        assert out is not None
+        with torch.no_grad():
+            torch.testing.assert_close(out, make_model()(x), rtol=1e-5, atol=1e-6)
+    else:
+        assert out is None
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+def test_1f1b_activation_memory_is_flat_in_micro_batches(
+    stages: int, replicas: int, balance: tuple[int, ...]
+) -> None:
+    groups = groups_for(stages, replicas)
+    peaks: dict[tuple[str, int], int] = {}
+    for schedule in SCHEDULES:
+        for m in (4, 8):
+            pipe = Pipeline(make_model(), balance=balance, micro_batches=m, schedule=schedule,
+                            stage_group=groups.stage_group)
+            x, y = make_batch(4 * m)  # micro-batches of 4 rows whatever m
+            with ActivationMeter() as meter:
+                pipe.train_step(x, y, nn.functional.cross_entropy)
+            assert meter.live_bytes == 0, "activations must be freed by the end of the step"
+            peaks[schedule, m] = meter.peak_bytes
+            held = min(stages - pipe.stage, m) if schedule == "1f1b" else m
+            assert pipe.stats.peak_in_flight == held
+    assert peaks["1f1b", 4] == peaks["1f1b", 8]
+    assert peaks["gpipe", 8] == 2 * peaks["gpipe", 4]
+    assert peaks["1f1b", 8] < peaks["gpipe", 8]
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+@pytest.mark.parametrize(
+    ("rows_x", "rows_y", "match"),
+    [
+        pytest.param(3, 3, "at least as many rows as micro-batches", id="too-few-rows"),
+        pytest.param(8, 6, "batch sizes differ", id="x-y-mismatch"),
+        pytest.param(None, 8, "first stage got no inputs", id="no-inputs"),
+    ],
+)
+def test_bad_batch_raises_on_every_rank(
+    stages: int, replicas: int, balance: tuple[int, ...],
+    rows_x: int | None, rows_y: int, match: str,
+) -> None:
+    groups = groups_for(stages, replicas)
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=4, stage_group=groups.stage_group)
+    x = make_batch(rows_x)[0] if rows_x is not None else None
+    y = make_batch(rows_y)[1]
+    with pytest.raises(PipelineError, match=match):
+        pipe.train_step(x, y, nn.functional.cross_entropy)
+    # The pipeline still works after an error that every rank saw.
+    x, y = make_batch(8)
+    pipe.train_step(x, y, nn.functional.cross_entropy)
+
+
+def test_balance_must_match_the_pipeline() -> None:
+    with pytest.raises(PipelineError, match="one layer count per stage"):
+        Pipeline(make_model(), balance=(1,) * 7, micro_batches=2, stage_group=comm.world())
