@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hethpc.data import sources
 from hethpc.data.errors import DatasetError, LoaderError, PartitionError, ShardError
 from hethpc.data.injection import Injector, local_batch_size, senders, share_size
 from hethpc.data.loader import Loader
@@ -46,6 +47,7 @@ __all__ = [
     "rotate_chunks",
     "senders",
     "share_size",
+    "sources",
     "sha256_file",
     "write_dataset",
 ]

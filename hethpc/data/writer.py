@@ -239,6 +239,10 @@ class DatasetWriter:
             # Move the old dataset aside first: a directory cannot be renamed over a full one.
             old = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.old-", dir=self.path.parent))
             os.replace(self.path, old / "data")
+        # mkdtemp makes the directory private (0700); give it the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._tmp, 0o777 & ~umask)
         os.replace(self._tmp, self.path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
