@@ -1,8 +1,12 @@
-"""Train a model data-parallel across MPI ranks.
+"""Train a model across MPI ranks with hethpc: data, batching, sync and checkpoints in one job.
 
     scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --epochs 5
+    scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --config run.toml --sync selsync
 
-Rank 0 prints loss and accuracy per epoch. Every flag is documented in ``--help``.
+Settings come from the defaults, then the TOML file given with --config (keys named like the
+flags, with underscores), then the flags. Every rank checks that all ranks run the same
+settings before training. Rank 0 shows progress and prints a summary table; per-rank metrics
+go to <run-dir>/metrics/rank<k>.jsonl; plot them with jobs/report.py <run-dir>.
 """
 
 from __future__ import annotations
@@ -10,101 +14,88 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
 from hethpc import comm
-from hethpc.data import ArrayDataset, load_mnist1d
-from hethpc.models import MODELS, build_model
+from hethpc.train import Fault, TrainConfig, config_fields, format_summary, load_toml, train
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flag per :class:`TrainConfig` field, plus the job's own."""
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="jobs/train.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", choices=sorted(MODELS), default="cnn1d", help="built-in model")
-    p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80%% train)")
-    p.add_argument("--data-seed", type=int, default=42, help="seed of the generated data")
+    p.add_argument("--config", metavar="FILE.toml", help="read settings from this TOML file first")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in --run-dir")
     p.add_argument(
-        "--cache-dir",
-        default=os.environ.get("HETHPC_CACHE", str(Path.home() / ".cache" / "hethpc")),
-        help="where generated data sets are kept (env HETHPC_CACHE)",
+        "--fault",
+        action="append",
+        default=[],
+        metavar="RANK:STEP:KIND",
+        type=Fault.parse,
+        help="testing only: make RANK kill itself/stall/raise/produce NaN (KIND) at STEP",
     )
-    p.add_argument("--epochs", type=int, default=5, help="passes over the training set")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch (all ranks)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--seed", type=int, default=0, help="model init and shuffling seed")
-    return p.parse_args(argv)
+    groups: dict[str, Any] = {}
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {
+            "dest": f.name,
+            "help": f"{f.metadata['help']} (default: {f.default!r})",
+        }
+        if f.metadata["choices"]:
+            kw["choices"] = f.metadata["choices"]
+        if f.type in ("bool", bool):
+            kw.update(type=_bool, nargs="?", const=True, metavar="BOOL")
+        else:
+            kw["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
+        section = f.metadata.get("section", "training settings")
+        groups.setdefault(section, p.add_argument_group(section)).add_argument(flag, **kw)
+    return p
 
 
-def evaluate(model: nn.Module, data: ArrayDataset) -> float:
-    """Accuracy of ``model`` on ``data`` (every rank computes it on the whole set)."""
-    model.eval()
-    with torch.no_grad():
-        pred = model(torch.from_numpy(data.x)).argmax(1).numpy()
-    model.train()
-    return float((pred == data.y).mean())
+def parse_config(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
+    """Defaults, then the TOML file, then the flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(load_toml(args.config))
+    for f in config_fields():
+        v = getattr(args, f.name)
+        if v is not None:
+            values[f.name] = v
+    if not values.get("cache_dir"):
+        values["cache_dir"] = os.environ.get("HETHPC_CACHE", os.path.expanduser("~/.cache/hethpc"))
+    return TrainConfig(**values), args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     comm.abort_on_exception()
+    cfg, args = parse_config(argv)
     comm.init()
-    torch.set_num_threads(1)
-    rank, size = comm.rank(), comm.size()
-    if args.batch_size < size:
-        raise SystemExit(f"--batch-size {args.batch_size} is smaller than the {size} ranks")
-
-    # Rank 0 generates the cached data first so the others only read it.
-    if rank == 0:
-        load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=args.cache_dir)
-    comm.barrier()
-    train, test = load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=args.cache_dir)
-
-    torch.manual_seed(args.seed)
-    model = build_model(args.model, train.x.shape[1:], train.num_classes)
-    model(torch.from_numpy(train.x[:2]))  # materialise lazy layers before the broadcast
-    comm.broadcast_model(model)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    loss_fn = nn.CrossEntropyLoss()
-
-    local = args.batch_size // size + (1 if rank < args.batch_size % size else 0)
-    offset = sum(args.batch_size // size + (1 if k < args.batch_size % size else 0) for k in range(rank))
-    steps = len(train) // args.batch_size
-    if rank == 0:
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    result = train(cfg, faults=tuple(args.fault), overwrite=args.overwrite)
+    if comm.rank() == 0:
+        print()
         print(
-            f"hethpc: {size} rank(s), model {args.model}, {len(train)} train / {len(test)} test "
-            f"samples, global batch {args.batch_size}, {steps} steps per epoch",
-            flush=True,
-        )
-    t0 = time.perf_counter()
-    for epoch in range(args.epochs):
-        perm = np.random.default_rng(args.seed + epoch).permutation(len(train))
-        total = torch.zeros(2, dtype=torch.float64)
-        for step in range(steps):
-            idx = np.sort(perm[step * args.batch_size + offset :][:local])
-            x, y = torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
-            opt.zero_grad(set_to_none=False)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            # Weighted by this rank's share of the global batch, summed: the global-batch gradient.
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            comm.grouped_allreduce_(grads, comm.ReduceOp.SUM, prescale=local / args.batch_size)
-            opt.step()
-            total += torch.tensor([loss.item() * local, local], dtype=torch.float64)
-        total = comm.allreduce(total, comm.ReduceOp.SUM)
-        acc = evaluate(model, test)
-        if rank == 0:
-            print(
-                f"epoch {epoch + 1}/{args.epochs}  loss {total[0] / total[1]:.4f}  "
-                f"test accuracy {100 * acc:.1f}%  ({time.perf_counter() - t0:.1f} s)",
-                flush=True,
+            format_summary(
+                [result.summary], names=[os.path.basename(os.path.normpath(cfg.run_dir))]
             )
+        )
+        print(f"\nmetrics: {cfg.run_dir}/metrics/   checkpoint: {result.checkpoint}")
+        print(f"plots:   .venv/bin/python jobs/report.py {cfg.run_dir}")
     return 0
 
 

@@ -1,0 +1,54 @@
+"""The training loop and what keeps it safe: config checks, checkpoints, metrics, guards."""
+
+from __future__ import annotations
+
+from hethpc.train.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
+from hethpc.train.config import (
+    ConfigError,
+    TrainConfig,
+    check_same_config,
+    config_fields,
+    load_toml,
+)
+from hethpc.train.faults import Fault
+from hethpc.train.guards import (
+    ModelMismatchError,
+    NonFiniteError,
+    check_same_model,
+    local_nonfinite,
+    model_signature,
+    nonfinite_ranks,
+)
+from hethpc.train.loop import RunResult, evaluate, train
+from hethpc.train.metrics import MetricsWriter, read_metrics
+from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
+from hethpc.train.summary import format_summary
+from hethpc.train.watchdog import Watchdog
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointWarning",
+    "ConfigError",
+    "Fault",
+    "MetricsWriter",
+    "ModelMismatchError",
+    "NonFiniteError",
+    "RunResult",
+    "TrainConfig",
+    "Watchdog",
+    "check_same_config",
+    "check_same_model",
+    "config_fields",
+    "evaluate",
+    "format_summary",
+    "get_rng_state",
+    "load_toml",
+    "local_nonfinite",
+    "model_signature",
+    "nonfinite_ranks",
+    "read_metrics",
+    "seed_rank",
+    "set_rng_state",
+    "train",
+]

@@ -1,0 +1,194 @@
+"""The training configuration: one frozen dataclass, TOML loading and a cross-rank check."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hethpc import comm
+from hethpc.comm import Group
+
+
+class ConfigError(ValueError):
+    """A setting is invalid, unknown, or differs between ranks."""
+
+
+def _f(
+    default: Any, help: str, *, choices: tuple[str, ...] | None = None, local: bool = False
+) -> Any:
+    # local: may legitimately differ between ranks (paths on node-local disks, display).
+    return field(default=default, metadata={"help": help, "choices": choices, "local": local})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run; each field is one ``--flag`` of ``jobs/train.py``.
+
+    Defaults give a small, quick MNIST-1D run that works on one or more CPU ranks.
+    """
+
+    # Data
+    data: str = _f(
+        "mnist1d", "'mnist1d' (generated and cached on first use) or an HDF5 shard directory"
+    )
+    samples: int = _f(20_000, "MNIST-1D samples to generate (80% train, 20% test)")
+    data_seed: int = _f(42, "seed of the generated MNIST-1D data")
+    cache_dir: str = _f(
+        "", "where generated data sets are cached (default ~/.cache/hethpc)", local=True
+    )
+    partition: str = _f(
+        "iid", "how samples map to ranks", choices=("iid", "seldp", "labels", "dirichlet")
+    )
+    labels_per_rank: int = _f(2, "labels each rank holds with --partition labels")
+    dirichlet_alpha: float = _f(0.5, "concentration with --partition dirichlet (small = skewed)")
+    inject_alpha: float = _f(0.0, "data injection: fraction of ranks that send samples each step")
+    inject_beta: float = _f(0.0, "data injection: fraction of a sender's batch that is sent")
+    # Model and optimisation
+    model: str = _f("cnn1d", "built-in model (see hethpc.models.MODELS)")
+    epochs: int = _f(5, "passes over the training set")
+    max_steps: int = _f(0, "stop after this many steps in total (0: run every epoch)")
+    batch_size: int = _f(128, "global batch: the sum of every rank's batch, kept fixed")
+    optimizer: str = _f("sgd", "optimizer", choices=("sgd", "adam"))
+    lr: float = _f(0.05, "learning rate")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    lr_schedule: str = _f(
+        "constant", "learning-rate schedule over all steps", choices=("constant", "cosine", "step")
+    )
+    seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
+    # Synchronisation
+    sync: str = _f("bsp", "synchronisation policy", choices=("bsp", "selsync", "fedavg", "local"))
+    threshold: float = _f(0.3, "SelSync: relative gradient-norm change that triggers a sync")
+    sync_window: int = _f(25, "SelSync: EWMA window of the gradient norm")
+    aggregation: str = _f(
+        "params", "SelSync: average parameters or gradients", choices=("params", "grads")
+    )
+    fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
+    # Batching
+    batching: str = _f(
+        "uniform", "how the global batch is split", choices=("uniform", "static", "dynamic")
+    )
+    weights: str = _f("", "static batching: per-rank weights, e.g. '1,2'")
+    batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
+    slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
+    # Pipeline
+    pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
+    micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
+    schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe"))
+    # Reliability and output
+    run_dir: str = _f("runs/latest", "run directory: metrics, checkpoints, summary")
+    checkpoint_every: int = _f(0, "steps between checkpoints (0: only at the end)")
+    keep_checkpoints: int = _f(3, "checkpoints kept on disk (older ones are deleted)")
+    resume: bool = _f(False, "continue from the newest valid checkpoint in the run directory")
+    on_nonfinite: str = _f(
+        "skip",
+        "a NaN/Inf loss or gradient on any rank: skip the step everywhere, or stop",
+        choices=("skip", "stop"),
+    )
+    watchdog_s: float = _f(300.0, "end a rank stalled this long in one step (0: never)")
+    progress: bool = _f(True, "rank 0 shows a progress bar", local=True)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}")
+        positive = (
+            "samples",
+            "epochs",
+            "batch_size",
+            "keep_checkpoints",
+            "sync_window",
+            "fedavg_period",
+            "batch_interval",
+            "pipeline_stages",
+            "micro_batches",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "checkpoint_every", "watchdog_s", "lr", "threshold"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("inject_alpha", "inject_beta"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """All settings as a plain dict (JSON- and TOML-friendly)."""
+        return dataclasses.asdict(self)
+
+    def shared(self) -> dict[str, Any]:
+        """The settings every rank must agree on (all but the node-local ones)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not f.metadata["local"]
+        }
+
+    def digest(self) -> str:
+        """sha256 of :meth:`shared` in canonical JSON: equal digests mean equal settings."""
+        blob = json.dumps(self.shared(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def config_fields() -> list[dataclasses.Field[Any]]:
+    """The fields of :class:`TrainConfig`, in declaration order."""
+    return list(dataclasses.fields(TrainConfig))
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read settings from a TOML file: top-level ``key = value`` pairs named like the fields.
+
+    Tables (``[sync]``) are allowed for grouping; their keys are read as if top-level.
+    Dashes in keys are read as underscores (``batch-size`` = ``batch_size``).
+
+    Raises:
+        ConfigError: the file cannot be parsed, or a key is not a setting.
+    """
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        items = value.items() if isinstance(value, dict) else [(key, value)]
+        for k, v in items:
+            flat[k.replace("-", "_")] = v
+    known = {f.name for f in config_fields()}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting(s) {unknown}; see 'jobs/train.py --help' for the names"
+        )
+    return flat
+
+
+def check_same_config(config: TrainConfig, group: Group | None = None) -> None:
+    """Refuse to train unless every rank has the same settings (compared by digest first).
+
+    Raises:
+        ConfigError: on every rank, naming each differing setting and the ranks' values.
+    """
+    digests = comm.allgather_object(config.digest(), group)
+    if len(set(digests)) == 1:
+        return
+    shared = comm.allgather_object(config.shared(), group)
+    diffs = []
+    for name in shared[0]:
+        values = [s[name] for s in shared]
+        if len({json.dumps(v) for v in values}) > 1:
+            per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            diffs.append(f"{name} ({per_rank})")
+    raise ConfigError(
+        "the ranks run different configurations; differing settings: "
+        + "; ".join(diffs)
+        + ". Launch every rank with the same flags and config file."
+    )

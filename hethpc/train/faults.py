@@ -1,0 +1,64 @@
+"""Deliberate faults for reliability tests: kill, stall, raise or poison one rank at one step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("kill", "stall", "raise", "nan")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Make ``rank`` misbehave at global step ``step``.
+
+    Attributes:
+        rank: the world rank that fails.
+        step: the global step (0-based) at which it fails, before its forward pass.
+        kind: ``kill`` (SIGKILL itself), ``stall`` (sleep forever), ``raise`` (RuntimeError),
+            ``nan`` (its loss becomes NaN for that step).
+    """
+
+    rank: int
+    step: int
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"fault kind {self.kind!r} is not one of {list(KINDS)}")
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """Parse ``"rank:step:kind"``, e.g. ``"1:20:kill"``.
+
+        Raises:
+            ValueError: the text is not of that form.
+        """
+        try:
+            r, s, kind = text.split(":")
+            return cls(int(r), int(s), kind)
+        except ValueError as e:
+            raise ValueError(f"fault {text!r} must look like 'rank:step:kind' ({e})") from e
+
+
+def apply_faults(
+    faults: tuple[Fault, ...], *, rank: int, step: int, loss: torch.Tensor
+) -> torch.Tensor:
+    """Trigger this rank's faults for ``step``; returns the (possibly poisoned) loss."""
+    for f in faults:
+        if f.rank != rank or f.step != step:
+            continue
+        if f.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif f.kind == "stall":
+            while True:
+                time.sleep(3600)
+        elif f.kind == "raise":
+            raise RuntimeError(f"fault injected on rank {rank} at step {step}")
+        elif f.kind == "nan":
+            loss = loss * float("nan")
+    return loss

@@ -1,0 +1,77 @@
+"""Start-up and per-step checks that every rank agrees: model layout and finite values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.comm import Group
+
+
+class ModelMismatchError(ValueError):
+    """The ranks' models differ in parameter names, shapes or dtypes."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss or gradient was NaN or Inf and the run is set to stop."""
+
+
+def model_signature(model: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(name, shape, dtype)`` of every parameter and buffer, in registration order."""
+    return [(n, tuple(t.shape), str(t.dtype)) for n, t in model.state_dict().items()]
+
+
+def describe_mismatch(signatures: list[list[tuple[str, tuple[int, ...], str]]]) -> str:
+    """Human-readable differences between rank 0's signature and the others' ('' if none)."""
+    ref = signatures[0]
+    lines = []
+    for r, sig in enumerate(signatures[1:], start=1):
+        if sig == ref:
+            continue
+        a, b = dict((n, (s, d)) for n, s, d in ref), dict((n, (s, d)) for n, s, d in sig)
+        only0, onlyr = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        if only0:
+            lines.append(f"rank {r} lacks {only0[:5]}")
+        if onlyr:
+            lines.append(f"rank {r} has extra {onlyr[:5]}")
+        for n in a.keys() & b.keys():
+            if a[n] != b[n]:
+                lines.append(
+                    f"{n}: rank 0 has shape {a[n][0]} {a[n][1]}, rank {r} has {b[n][0]} {b[n][1]}"
+                )
+        if not lines or (not only0 and not onlyr and [n for n, *_ in ref] != [n for n, *_ in sig]):
+            lines.append(f"rank {r} registers the parameters in a different order")
+    return "; ".join(lines)
+
+
+def check_same_model(model: nn.Module, group: Group | None = None) -> None:
+    """Refuse to train when the ranks' models differ (checked before any allreduce).
+
+    Raises:
+        ModelMismatchError: on every rank, naming the differing parameters and ranks.
+    """
+    sigs = comm.allgather_object(model_signature(model), group)
+    detail = describe_mismatch(sigs)
+    if detail:
+        raise ModelMismatchError(
+            f"the ranks built different models: {detail}. "
+            "Use the same --model and data on every rank."
+        )
+
+
+def local_nonfinite(loss: torch.Tensor | float, grads: Iterable[torch.Tensor | None]) -> bool:
+    """Whether this rank's loss or any gradient holds a NaN or Inf."""
+    if not math.isfinite(float(loss.detach() if isinstance(loss, torch.Tensor) else loss)):
+        return True
+    return any(g is not None and not bool(torch.isfinite(g).all()) for g in grads)
+
+
+def nonfinite_ranks(flag: bool, group: Group | None = None) -> list[int]:
+    """Every rank's vote, agreed collectively: the ranks whose values were not finite."""
+    votes = comm.allgather_array(np.array([1 if flag else 0], dtype=np.int8), group)
+    return [int(r) for r in np.flatnonzero(votes[:, 0])]

@@ -1,0 +1,349 @@
+"""The training loop: composes data, batching, sync, checkpoints, metrics and the guards."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.comm import ReduceOp
+from hethpc.data import ArrayDataset, ShardedDataset, load_mnist1d, open_dataset
+from hethpc.models import build_model
+from hethpc.train import parts
+from hethpc.train.checkpoint import CheckpointManager
+from hethpc.train.config import ConfigError, TrainConfig, check_same_config
+from hethpc.train.faults import Fault, apply_faults
+from hethpc.train.guards import (
+    NonFiniteError,
+    check_same_model,
+    local_nonfinite,
+    nonfinite_ranks,
+)
+from hethpc.train.metrics import MetricsWriter
+from hethpc.train.rng import seed_rank
+from hethpc.train.state import gather_state, restore_state
+from hethpc.train.watchdog import Watchdog
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports (the same on every rank)."""
+
+    summary: dict[str, Any]
+    model: nn.Module
+    run_dir: Path
+    checkpoint: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDataset]:
+    """``(train, test)`` for ``cfg.data``.
+
+    ``mnist1d`` is generated into the cache (rank 0 first, so the others only read it); any
+    other value is a directory holding ``train/`` and ``test/`` HDF5 shard datasets (as written
+    by ``data_tools/convert.py``), verified against their manifests before training. The test
+    split is read into memory for evaluation.
+    """
+    if cfg.data != "mnist1d":
+        root = Path(cfg.data)
+        train = open_dataset(root / "train")
+        test = open_dataset(root / "test")
+        x, y = test.read(np.arange(len(test)))
+        return train, ArrayDataset(
+            np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), int(test.num_classes)
+        )
+    cache = cfg.cache_dir or str(Path.home() / ".cache" / "hethpc")
+    if comm.rank() == 0:
+        load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
+    comm.barrier()
+    return load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
+
+
+def sample_shape(train: Any) -> tuple[int, ...]:
+    """The shape of one training sample."""
+    return tuple(train.sample_shape) if hasattr(train, "sample_shape") else tuple(train.x.shape[1:])
+
+
+def build(cfg: TrainConfig, train: Any) -> nn.Module:
+    """The model, initialised from ``cfg.seed`` (identical on every rank before the broadcast)."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, sample_shape(train), int(train.num_classes))
+    with torch.no_grad():
+        model(torch.zeros(2, *sample_shape(train)))  # materialise lazy layers
+    return model
+
+
+def make_optimizer(
+    cfg: TrainConfig, model: nn.Module, total_steps: int
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer and its per-step learning-rate schedule."""
+    opt: torch.optim.Optimizer
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    factor: Callable[[int], float]
+    if cfg.lr_schedule == "cosine":
+        factor = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / max(total_steps, 1)))  # noqa: E731
+    elif cfg.lr_schedule == "step":
+        factor = lambda s: 0.1 ** (3 * s // max(total_steps, 1))  # noqa: E731
+    else:
+        factor = lambda s: 1.0  # noqa: E731
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def evaluate(model: nn.Module, data: ArrayDataset, *, batch: int = 2048) -> float:
+    """Accuracy of ``model`` on all of ``data``."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(data), batch):
+            pred = model(torch.from_numpy(data.x[i : i + batch])).argmax(1).numpy()
+            correct += int((pred == data.y[i : i + batch]).sum())
+    model.train()
+    return correct / max(len(data), 1)
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0)
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    faults: Sequence[Fault] = (),
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> RunResult:
+    """Run the training that ``cfg`` describes on every rank of the world (a collective).
+
+    Args:
+        cfg: the settings (the same on every rank; checked before anything else).
+        faults: deliberate failures, for reliability tests only.
+        overwrite: a fresh run may replace the checkpoints and metrics in ``cfg.run_dir``.
+        log: where rank 0's messages go.
+
+    Raises:
+        ConfigError: settings differ across ranks, or the run directory holds another run.
+        ModelMismatchError: the ranks built different models.
+        NonFiniteError: a NaN/Inf appeared and ``cfg.on_nonfinite == "stop"``.
+    """
+    rank, size = comm.rank(), comm.size()
+    say = log if rank == 0 else (lambda _msg: None)
+    check_same_config(cfg)
+    torch.use_deterministic_algorithms(True)
+    run_dir = Path(cfg.run_dir)
+    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    refusal = ""
+    if rank == 0 and not cfg.resume:
+        if ckpts.steps() and not overwrite:
+            refusal = (
+                f"{run_dir} already holds a run; pass --resume to continue it "
+                "or --overwrite to replace it"
+            )
+        else:
+            for p in [*(run_dir / "metrics").glob("rank*.jsonl"), *ckpts.directory.glob("ckpt-*")]:
+                p.unlink()
+    # Decided on rank 0, raised on every rank: no rank is left waiting in a collective.
+    refusal = comm.broadcast_object(refusal)
+    if refusal:
+        raise ConfigError(refusal)
+
+    train_set, test_set = load_data(cfg)
+    model = build(cfg, train_set)
+    check_same_model(model)
+    comm.broadcast_model(model)
+
+    loader = parts.make_loader(cfg, train_set, rank=rank, world_size=size)
+    controller = parts.make_controller(cfg)
+    policy = parts.make_policy(cfg)
+    injector = parts.make_injector(cfg)
+    spe = int(
+        comm.allreduce_array(np.array([loader.steps_per_epoch(cfg.batch_size)]), ReduceOp.MIN)[0]
+    )
+    if spe < 1:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} is larger than the training set of {len(train_set)}"
+        )
+    total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
+    optimizer, scheduler = make_optimizer(cfg, model, total)
+
+    start, elapsed0 = 0, 0.0
+    seed_rank(cfg.seed, rank)
+    if cfg.resume:
+        found = ckpts.load_latest() if rank == 0 else None
+        found = comm.broadcast_object(found)
+        if found is None:
+            say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
+        else:
+            start, state = found
+            elapsed0 = float(state["elapsed_s"])
+            same = restore_state(
+                state,
+                seed=cfg.seed,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                loader=loader,
+                controller=controller,
+                policy=policy,
+                injector=injector,
+            )
+            how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
+            say(f"hethpc: resumed from step {start}{how}")
+
+    replicas_differ = cfg.sync != "bsp"
+
+    def checkpoint(step: int) -> Path | None:
+        state = gather_state(
+            step=step,
+            elapsed_s=elapsed0 + time.perf_counter() - t0,
+            config=cfg.to_dict(),
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loader=loader,
+            controller=controller,
+            policy=policy,
+            injector=injector,
+            replicas_differ=replicas_differ,
+        )
+        path = ckpts.save(state, step) if state is not None else None
+        comm.barrier()
+        return path
+
+    say(
+        f"hethpc: {size} rank(s), model {cfg.model}, {len(train_set)} train / {len(test_set)} test "
+        f"samples, global batch {cfg.batch_size}, {spe} steps per epoch, {total} steps, "
+        f"sync {cfg.sync}, "
+        f"batching {cfg.batching}, partition {cfg.partition}"
+    )
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    comm.barrier()
+    loss_fn = nn.CrossEntropyLoss()
+    metrics = MetricsWriter(run_dir, rank)
+    bar = _progress(total, start, cfg.progress and rank == 0)
+    synced = skipped = seen = 0
+    last_path: Path | None = None
+    t0 = time.perf_counter()
+    try:
+        with Watchdog(cfg.watchdog_s) as dog:
+            for step in range(start, total):
+                sizes = np.asarray(controller.batch_sizes)
+                b, big_b = int(sizes[rank]), int(sizes.sum())
+                ask = (
+                    sizes
+                    if injector is None
+                    else np.array([injector.local_batch(int(s)) for s in sizes])
+                )
+                x, y = loader.next_batch(ask)
+                if injector is not None:
+                    x, y = injector.exchange(x, y, step)
+                tc = time.perf_counter()
+                out = model(x)
+                loss = apply_faults(tuple(faults), rank=rank, step=step, loss=loss_fn(out, y))
+                optimizer.zero_grad()
+                loss.backward()
+                compute_s = controller.timer_stop(tc)
+                bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in model.parameters())))
+                if bad:
+                    where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"
+                    if cfg.on_nonfinite == "stop":
+                        raise NonFiniteError(f"{where}; stopping (--on-nonfinite stop)")
+                    say(f"hethpc: {where}; skipping the step on every rank")
+                    optimizer.zero_grad()
+                    skipped += 1
+                    is_synced, sync_s = False, 0.0
+                else:
+                    record = policy.step(model, optimizer, weight=b / big_b, compute_s=compute_s)
+                    is_synced, sync_s = bool(record.synced), float(record.sync_s)
+                scheduler.step()
+                synced += is_synced
+                controller.update(step=step, compute_s=compute_s)
+                acc = float((out.argmax(1) == y).float().mean()) if len(y) else float("nan")
+                seen += big_b
+                now = elapsed0 + time.perf_counter() - t0
+                metrics.write(
+                    "step",
+                    step=step,
+                    epoch=step // spe,
+                    time=now,
+                    loss=float(loss),
+                    acc=acc,
+                    batch=b,
+                    compute_s=compute_s,
+                    sync_s=sync_s,
+                    synced=is_synced,
+                    decision="SYNC" if is_synced else "LOCAL",
+                    skipped=bool(bad),
+                    lr=scheduler.get_last_lr()[0],
+                )
+                if bar is not None:
+                    bar.set_postfix(
+                        loss=f"{float(loss):.3f}",
+                        acc=f"{acc:.2f}",
+                        sps=f"{seen / (time.perf_counter() - t0):,.0f}",
+                        refresh=False,
+                    )
+                    bar.update(1)
+                if (step + 1) % spe == 0 and rank == 0:
+                    test_acc = evaluate(model, test_set)
+                    metrics.write(
+                        "epoch", step=step, epoch=step // spe, time=now, test_acc=test_acc
+                    )
+                    msg = (
+                        f"epoch {(step + 1) // spe}/{cfg.epochs}  "
+                        f"test accuracy {100 * test_acc:.1f}%  ({now:.1f} s)"
+                    )
+                    if bar is not None:
+                        bar.write(msg)
+                    else:
+                        say(msg)
+                if (
+                    cfg.checkpoint_every
+                    and (step + 1) % cfg.checkpoint_every == 0
+                    and step + 1 < total
+                ):
+                    last_path = checkpoint(step + 1)
+                dog.kick()
+            if bar is not None:
+                bar.close()
+            elapsed = elapsed0 + time.perf_counter() - t0
+            last_path = checkpoint(total) if start < total or not ckpts.steps() else last_path
+            parts.finish_policy(policy, model)
+            test_acc = evaluate(model, test_set)
+    finally:
+        metrics.close()
+    done = total - start
+    summary = {
+        "test_acc": test_acc,
+        "time_s": elapsed,
+        "steps": total,
+        "samples_per_s": done * cfg.batch_size / max(elapsed - elapsed0, 1e-9) if done else None,
+        "sync_fraction": synced / done if done else None,
+        "skipped_steps": skipped,
+        "final_batch_sizes": [int(s) for s in np.asarray(controller.batch_sizes)],
+        "world_size": size,
+        "config": cfg.shared(),
+        **parts.policy_summary(policy),
+    }
+    if rank == 0:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return RunResult(summary=summary, model=model, run_dir=run_dir, checkpoint=last_path)

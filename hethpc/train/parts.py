@@ -1,0 +1,82 @@
+"""Seams between the loop and the capability packages: each builder makes one part from a config.
+
+The loop calls only ``make_*`` and the parts' documented methods, so a change in how a part
+is built stays here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from hethpc.batching import BatchController, SlowdownSchedule
+from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
+from hethpc.sync import SyncPolicy
+from hethpc.sync import make_policy as _make_sync_policy
+from hethpc.train.config import TrainConfig
+
+
+def labels_of(dataset: ArrayDataset | ShardedDataset) -> np.ndarray:
+    """Every sample's label."""
+    return np.asarray(dataset.y if isinstance(dataset, ArrayDataset) else dataset.labels)
+
+
+def make_loader(
+    cfg: TrainConfig, train: ArrayDataset | ShardedDataset, *, rank: int, world_size: int
+) -> Loader:
+    """This rank's training loader: IID or SelDP over all samples, or its own partition."""
+    if cfg.partition in ("iid", "seldp"):
+        return Loader(train, rank=rank, world_size=world_size, mode=cfg.partition, seed=cfg.seed)
+    kw: dict[str, Any] = (
+        {"labels_per_rank": cfg.labels_per_rank}
+        if cfg.partition == "labels"
+        else {"alpha": cfg.dirichlet_alpha}
+    )
+    idx = make_partitioner(cfg.partition, **kw).indices(
+        labels_of(train), world_size, rank, cfg.seed
+    )
+    return Loader(
+        train, rank=rank, world_size=world_size, mode="partition", indices=idx, seed=cfg.seed
+    )
+
+
+def make_injector(cfg: TrainConfig) -> Injector | None:
+    """The data injector, or None when injection is off (alpha or beta is 0)."""
+    if cfg.inject_alpha == 0 or cfg.inject_beta == 0:
+        return None
+    return Injector(cfg.inject_alpha, cfg.inject_beta, seed=cfg.seed)
+
+
+def make_controller(cfg: TrainConfig) -> BatchController:
+    """The batch controller: per-rank batch sizes that sum to the global batch."""
+    weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
+    return BatchController(
+        cfg.batch_size,
+        mode=cfg.batching,
+        weights=weights if cfg.batching != "uniform" else None,
+        interval=cfg.batch_interval,
+        slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
+    )
+
+
+def make_policy(cfg: TrainConfig) -> SyncPolicy:
+    """The synchronisation policy."""
+    if cfg.sync == "selsync":
+        return _make_sync_policy(
+            "selsync", threshold=cfg.threshold, window=cfg.sync_window, aggregation=cfg.aggregation
+        )
+    if cfg.sync == "fedavg":
+        return _make_sync_policy("fedavg", period=cfg.fedavg_period)
+    return _make_sync_policy(cfg.sync)
+
+
+def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:
+    """Average diverged replicas before evaluation (a no-op when they agree)."""
+    policy.finish(model)
+
+
+def policy_summary(policy: SyncPolicy) -> dict[str, Any]:
+    """The policy's summary (fraction synchronised, bytes against BSP) as a dict."""
+    return policy.summary().as_dict()

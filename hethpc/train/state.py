@@ -1,0 +1,129 @@
+"""What a checkpoint holds, gathered from every rank, and how it is restored on any world size.
+
+Same world size: every rank gets back exactly its own state (RNG streams, loader position,
+SelSync tracker, its replica when replicas may differ), so the run continues bit-identically.
+
+Different world size (a smaller or larger allocation): the global batch is kept and
+re-split by the batch controller, which starts afresh (throughput estimates are per rank and
+cannot carry over; dynamic batching re-learns them within a few adjustments). Per-rank RNG
+streams are re-derived from ``(seed, rank, step)``. The model is the average of the saved
+replicas (they are identical under BSP), the optimizer state is rank 0's, the loader position
+is rank 0's (the same global stream for IID, whatever the world size; for a
+partition, the start of rank 0's epoch), and the synchronisation policy starts with empty
+trackers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
+
+FORMAT = 1
+
+
+def gather_state(
+    *,
+    step: int,
+    elapsed_s: float,
+    config: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loader: Any,
+    controller: Any,
+    policy: Any,
+    injector: Any | None,
+    replicas_differ: bool,
+) -> dict[str, Any] | None:
+    """Collect the checkpoint state from every rank (a collective); returned on rank 0 only."""
+    mine: dict[str, Any] = {
+        "rng": get_rng_state(),
+        "loader": loader.state_dict(),
+        "policy": policy.state_dict(),
+        "injector": injector.state_dict()
+        if injector is not None and hasattr(injector, "state_dict")
+        else None,
+    }
+    if replicas_differ:
+        mine["model"] = model.state_dict()
+        mine["optimizer"] = optimizer.state_dict()
+    ranks = comm.allgather_object(mine)
+    if comm.rank() != 0:
+        return None
+    return {
+        "format": FORMAT,
+        "step": step,
+        "elapsed_s": elapsed_s,
+        "world_size": comm.size(),
+        "config": config,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "controller": controller.state_dict(),
+        "ranks": ranks,
+    }
+
+
+def _average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in states[0].items():
+        if v.is_floating_point():
+            out[k] = torch.stack([s[k] for s in states]).mean(0).to(v.dtype)
+        else:
+            out[k] = v
+    return out
+
+
+def restore_state(
+    state: dict[str, Any],
+    *,
+    seed: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loader: Any,
+    controller: Any,
+    policy: Any,
+    injector: Any | None,
+) -> bool:
+    """Load ``state`` into this rank's pieces; returns whether the world size was the same."""
+    rank, size = comm.rank(), comm.size()
+    saved = state["ranks"]
+    same = state["world_size"] == size
+    scheduler.load_state_dict(state["scheduler"])
+    if same:
+        mine = saved[rank]
+        model.load_state_dict(mine.get("model", state["model"]))
+        optimizer.load_state_dict(mine.get("optimizer", state["optimizer"]))
+        loader.load_state_dict(mine["loader"])
+        controller.load_state_dict(state["controller"])
+        policy.load_state_dict(mine["policy"])
+        if injector is not None and mine["injector"] is not None:
+            injector.load_state_dict(mine["injector"])
+        set_rng_state(mine["rng"])
+        return True
+    if "model" in saved[0]:
+        model.load_state_dict(_average([s["model"] for s in saved]))
+    else:
+        model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    old = dict(saved[0]["loader"])
+    if "length" in old and old["length"] != loader.length:
+        # A partition changes with the world size: keep the epoch, restart within it.
+        old["pos"] = int(old["pos"]) // int(old["length"]) * loader.length
+        old["step_in_epoch"] = 0
+    old.update(world_size=size, length=loader.length)
+    try:
+        loader.load_state_dict(old)
+    except (KeyError, ValueError) as e:
+        warnings.warn(
+            f"loader position not restored on {size} ranks ({e}); starting afresh", stacklevel=2
+        )
+    seed_rank(seed, rank, int(state["step"]))
+    return False
