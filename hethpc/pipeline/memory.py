@@ -49,7 +49,10 @@ class ActivationMeter:
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         # Parameters are saved by every micro-batch but exist once: they are not activations.
-        return tensor if isinstance(tensor, torch.nn.Parameter) else _Saved(tensor, self)
+        # (Linear saves its weight as a transposed view, whose base is the parameter.)
+        if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
+            return tensor
+        return _Saved(tensor, self)
 
     def __exit__(
         self,

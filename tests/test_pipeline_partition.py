@@ -1,0 +1,133 @@
+"""Cutting an nn.Sequential into stages: explicit counts, parameter balance, time balance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc.pipeline import (
+    PartitionError,
+    balance_costs,
+    layer_times,
+    partition_by_counts,
+    partition_by_params,
+    partition_by_time,
+    split_model,
+)
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "counts", "want"),
+    [
+        pytest.param(5, [2, 3], (2, 3), id="two-stages"),
+        pytest.param(3, [1, 1, 1], (1, 1, 1), id="one-layer-each"),
+        pytest.param(4, (4,), (4,), id="single-stage"),
+    ],
+)
+def test_partition_by_counts(num_layers: int, counts: list[int], want: tuple[int, ...]) -> None:
+    assert partition_by_counts(num_layers, counts) == want
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "counts", "match"),
+    [
+        pytest.param(5, [2, 2], "covers 4 layers but the model has 5", id="too-few"),
+        pytest.param(5, [3, 3], "covers 6 layers", id="too-many"),
+        pytest.param(5, [5, 0], "at least one layer", id="empty-stage"),
+        pytest.param(5, [], "balance is empty", id="no-stages"),
+    ],
+)
+def test_partition_by_counts_errors(num_layers: int, counts: list[int], match: str) -> None:
+    with pytest.raises(PartitionError, match=match):
+        partition_by_counts(num_layers, counts)
+
+
+@pytest.mark.parametrize(
+    ("costs", "stages", "want"),
+    [
+        pytest.param([1, 1, 1, 1], 2, (2, 2), id="even"),
+        pytest.param([4, 1, 1, 1, 1], 2, (1, 4), id="heavy-first"),
+        pytest.param([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, (5, 2, 2), id="increasing"),
+        pytest.param([5, 5, 5], 3, (1, 1, 1), id="one-each"),
+        pytest.param([0, 0, 10, 0], 2, (1, 3), id="zeros-earliest-cut"),
+        pytest.param([3, 1, 2], 1, (3,), id="one-stage"),
+    ],
+)
+def test_balance_costs_minimises_the_slowest_stage(
+    costs: list[float], stages: int, want: tuple[int, ...]
+) -> None:
+    got = balance_costs(costs, stages)
+    assert got == want
+    assert sum(got) == len(costs)
+
+
+def _brute_force_best(costs: list[int], stages: int) -> int:
+    import itertools
+
+    n = len(costs)
+    best = None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = (0, *cuts, n)
+        worst = max(sum(costs[bounds[k] : bounds[k + 1]]) for k in range(stages))
+        best = worst if best is None else min(best, worst)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_balance_costs_is_optimal_against_brute_force(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    costs = torch.randint(0, 20, (8,), generator=g).tolist()
+    for stages in (2, 3, 4):
+        balance = balance_costs(costs, stages)
+        starts = [sum(balance[:k]) for k in range(stages)]
+        worst = max(sum(costs[s : s + b]) for s, b in zip(starts, balance))
+        assert worst == _brute_force_best(costs, stages)
+
+
+@pytest.mark.parametrize(
+    ("costs", "stages", "match"),
+    [
+        pytest.param([1, 2], 3, "cannot cut 2 layers into 3 stages", id="too-many-stages"),
+        pytest.param([1, 2], 0, "at least 1", id="zero-stages"),
+        pytest.param([1, -2], 2, "non-negative", id="negative-cost"),
+    ],
+)
+def test_balance_costs_errors(costs: list[float], stages: int, match: str) -> None:
+    with pytest.raises(PartitionError, match=match):
+        balance_costs(costs, stages)
+
+
+def _model() -> nn.Sequential:
+    # parameters per layer: 110, 0, 1100, 0, 202
+    return nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 100), nn.ReLU(), nn.Linear(100, 2))
+
+
+def test_partition_by_params() -> None:
+    assert partition_by_params(_model(), 2) == (3, 2)  # 1210 | 202 beats 110 | 1302
+    assert partition_by_params(_model(), 3) == (1, 2, 2)  # 110 | 1100 | 202, earliest cuts
+
+
+def test_partition_by_time_isolates_the_slow_layer() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 512), nn.Linear(512, 512), nn.Linear(512, 8))
+    sample = torch.randn(64, 8)
+    times = layer_times(model, sample, repeats=2)
+    assert len(times) == 4 and all(t > 0 for t in times)
+    assert all(p.grad is None for p in model.parameters()), "timing must not leave gradients"
+    balance = partition_by_time(model, 4, sample, repeats=1)
+    assert balance == (1, 1, 1, 1)
+
+
+def test_split_model_shares_layers_in_order() -> None:
+    model = _model()
+    stages = split_model(model, [2, 3])
+    assert [len(s) for s in stages] == [2, 3]
+    assert stages[1][0] is model[2]
+    x = torch.randn(4, 10)
+    torch.testing.assert_close(stages[1](stages[0](x)), model(x))
+
+
+def test_split_model_rejects_a_bad_balance() -> None:
+    with pytest.raises(PartitionError, match="covers 4 layers but the model has 5"):
+        split_model(_model(), [2, 2])

@@ -1,0 +1,124 @@
+"""GPipe and 1F1B schedules as tables, checked without devices or MPI."""
+
+from __future__ import annotations
+
+import pytest
+
+from hethpc.pipeline import (
+    ScheduleError,
+    Task,
+    bubble_fraction,
+    clock,
+    gpipe_schedule,
+    idle_fraction,
+    make_schedule,
+    makespan,
+    one_f_one_b_schedule,
+    peak_in_flight,
+    stage_tasks,
+)
+
+SIZES = [
+    pytest.param(1, 1, id="P1-m1"),
+    pytest.param(1, 4, id="P1-m4"),
+    pytest.param(2, 1, id="P2-m1"),
+    pytest.param(2, 8, id="P2-m8"),
+    pytest.param(3, 2, id="P3-m2"),
+    pytest.param(4, 6, id="P4-m6"),
+    pytest.param(4, 16, id="P4-m16"),
+]
+SCHEDULES = ["gpipe", "1f1b"]
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize(("stages", "m"), SIZES)
+def test_every_pass_runs_once_after_its_inputs(name: str, stages: int, m: int) -> None:
+    table = make_schedule(name, stages, m)
+    at = {(t.stage, t.micro_batch, t.kind): t.tick for t in table}
+    assert len(at) == len(table) == 2 * stages * m
+    for (s, i, kind), tick in at.items():
+        if kind == "F" and s > 0:
+            assert tick > at[s - 1, i, "F"]
+        if kind == "B":
+            assert tick > at[s, i, "F"]
+            if s < stages - 1:
+                assert tick > at[s + 1, i, "B"]
+    for s in range(stages):  # one pass per tick per stage
+        ticks = [t.tick for t in stage_tasks(table, s)]
+        assert len(set(ticks)) == len(ticks)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize(("stages", "m"), SIZES)
+def test_bubble_is_the_theoretical_fraction(name: str, stages: int, m: int) -> None:
+    table = make_schedule(name, stages, m)
+    assert makespan(table) == 2 * (m + stages - 1)
+    assert idle_fraction(table) == pytest.approx(bubble_fraction(stages, m))
+    assert bubble_fraction(stages, m) == pytest.approx((stages - 1) / (m + stages - 1))
+
+
+@pytest.mark.parametrize(("stages", "m"), SIZES)
+def test_activation_memory_gpipe_holds_all_1f1b_at_most_p(stages: int, m: int) -> None:
+    gpipe = gpipe_schedule(stages, m)
+    ofob = one_f_one_b_schedule(stages, m)
+    for s in range(stages):
+        assert peak_in_flight(gpipe, s) == m
+        assert peak_in_flight(ofob, s) == min(stages - s, m)
+
+
+def test_1f1b_table_for_two_stages_and_three_micro_batches() -> None:
+    assert one_f_one_b_schedule(2, 3) == [
+        Task(0, 0, 0, "F"),
+        Task(1, 0, 1, "F"),
+        Task(1, 1, 0, "F"),
+        Task(2, 1, 0, "B"),
+        Task(3, 0, 0, "B"),
+        Task(3, 1, 1, "F"),
+        Task(4, 0, 2, "F"),
+        Task(4, 1, 1, "B"),
+        Task(5, 0, 1, "B"),
+        Task(5, 1, 2, "F"),
+        Task(6, 1, 2, "B"),
+        Task(7, 0, 2, "B"),
+    ]
+
+
+def test_gpipe_table_for_two_stages_and_two_micro_batches() -> None:
+    assert gpipe_schedule(2, 2) == [
+        Task(0, 0, 0, "F"),
+        Task(1, 0, 1, "F"),
+        Task(1, 1, 0, "F"),
+        Task(2, 1, 1, "F"),
+        Task(3, 1, 1, "B"),
+        Task(4, 0, 1, "B"),
+        Task(4, 1, 0, "B"),
+        Task(5, 0, 0, "B"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("orders", "match"),
+    [
+        pytest.param(
+            [[(0, "B"), (0, "F")], [(0, "F"), (0, "B")]], "deadlock", id="backward-before-forward"
+        ),
+        pytest.param([[(0, "F")], [(0, "F"), (0, "B")]], "exactly once", id="missing-pass"),
+        pytest.param([], "at least one stage", id="no-stages"),
+    ],
+)
+def test_clock_rejects_orders_that_cannot_run(orders: list, match: str) -> None:
+    with pytest.raises(ScheduleError, match=match):
+        clock(orders)
+
+
+@pytest.mark.parametrize(
+    ("name", "stages", "m", "match"),
+    [
+        pytest.param("zigzag", 2, 4, "unknown schedule 'zigzag'", id="unknown"),
+        pytest.param("1f1b", 0, 4, "at least one stage", id="zero-stages"),
+        pytest.param("gpipe", 2, 0, "one micro-batch", id="zero-micro-batches"),
+    ],
+)
+def test_make_schedule_errors(name: str, stages: int, m: int, match: str) -> None:
+    with pytest.raises(ScheduleError, match=match):
+        make_schedule(name, stages, m)
