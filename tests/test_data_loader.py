@@ -1,0 +1,164 @@
+"""The loader, single process: epoch semantics for any per-rank sizes, resume, prefetch, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hethpc.data import (
+    ArrayDataset,
+    IIDPartitioner,
+    Loader,
+    LoaderError,
+    ShardedDataset,
+    block_shuffle,
+    open_dataset,
+    write_dataset,
+)
+
+N = 600
+
+
+def _arrays() -> tuple[np.ndarray, np.ndarray]:
+    # Sample i holds the value i, so a batch tells which samples it holds.
+    x = np.repeat(np.arange(N, dtype=np.float32)[:, None], 3, axis=1)
+    return x, np.arange(N) % 6
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> ShardedDataset:
+    x, y = _arrays()
+    path = tmp_path_factory.mktemp("loader") / "ds"
+    write_dataset(path, [(x, y)], num_classes=6, shard_samples=250, chunk_samples=20)
+    return open_dataset(path)
+
+
+@pytest.fixture(params=["memory", "hdf5"])
+def dataset(
+    request: pytest.FixtureRequest, sharded: ShardedDataset
+) -> ArrayDataset | ShardedDataset:
+    if request.param == "memory":
+        return ArrayDataset(*_arrays(), 6)
+    return sharded
+
+
+SIZES = [
+    ("uniform", [[32, 32, 32]]),
+    ("uneven", [[10, 50, 4]]),
+    ("changing", [[32, 32, 32], [60, 30, 6], [1, 1, 94]]),
+]
+
+
+@pytest.mark.parametrize("schedule", [s[1] for s in SIZES], ids=[s[0] for s in SIZES])
+def test_iid_each_sample_once_per_epoch_whatever_the_sizes(
+    dataset: ArrayDataset | ShardedDataset, schedule: list[list[int]]
+) -> None:
+    loaders = [Loader(dataset, rank=r, world_size=3, seed=4) for r in range(3)]
+    seen: list[np.ndarray] = []
+    step = 0
+    while sum(len(s) for s in seen) < 2 * N:
+        sizes = schedule[step % len(schedule)]
+        batches = [ld.next_batch(sizes) for ld in loaders]
+        for r, (x, y) in enumerate(batches):
+            assert x.shape == (sizes[r], 3) and x.dtype == torch.float32
+            np.testing.assert_array_equal(y.numpy(), x[:, 0].numpy().astype(int) % 6)
+        seen.append(np.concatenate([x[:, 0].numpy().astype(int) for x, _ in batches]))
+        step += 1
+    stream = np.concatenate(seen)
+    np.testing.assert_array_equal(np.sort(stream[:N]), np.arange(N))
+    np.testing.assert_array_equal(np.sort(stream[N : 2 * N]), np.arange(N))
+    assert not np.array_equal(stream[:N], stream[N : 2 * N]), "a new order each epoch"
+    assert loaders[0].epoch == len(stream) // N
+
+
+def test_epoch_and_step_counters(dataset: ArrayDataset | ShardedDataset) -> None:
+    ld = Loader(dataset, rank=0, world_size=1, prefetch=False)
+    assert ld.steps_per_epoch(100) == 6
+    for _ in range(6):
+        ld.next_batch([100])
+    assert (ld.epoch, ld.step_in_epoch) == (1, 0)
+    ld.next_batch([100])
+    assert (ld.epoch, ld.step_in_epoch) == (1, 1)
+
+
+def test_block_shuffle_is_a_permutation_that_keeps_chunks_together() -> None:
+    idx = np.arange(1000)
+    o = block_shuffle(idx, chunk=50, window=2, seed=0, epoch=0)
+    np.testing.assert_array_equal(np.sort(o), idx)
+    # Any 100 consecutive positions from a window boundary touch exactly 2 chunks.
+    assert all(len(np.unique(o[a : a + 100] // 50)) == 2 for a in range(0, 1000, 100))
+    assert not np.array_equal(o, block_shuffle(idx, chunk=50, window=2, seed=0, epoch=1))
+
+
+@pytest.mark.parametrize("mode", ["seldp", "partition"])
+def test_partitioned_modes_cycle_through_the_rank_share(
+    dataset: ArrayDataset | ShardedDataset, mode: str
+) -> None:
+    parts = IIDPartitioner().all_indices(dataset_labels(dataset), 2, 0)
+    ld = Loader(dataset, rank=1, world_size=2, mode=mode, seed=0,
+                indices=parts[1] if mode == "partition" else None)
+    share = set(parts[1].tolist()) if mode == "partition" else set(range(N))
+    got = np.concatenate([ld.next_batch([7, 25])[0][:, 0].numpy().astype(int)
+                          for _ in range(len(share) // 25)])
+    assert len(got) == len(set(got.tolist())), "no repeat inside an epoch"
+    assert set(got.tolist()) <= share
+    if mode == "seldp":  # rank 1 starts at chunk 1 of the epoch order
+        order = block_shuffle(np.arange(N), chunk=ld._chunk, window=16, seed=0, epoch=0)
+        np.testing.assert_array_equal(got[:25], np.array_split(order, 2)[1][:25])
+
+
+def dataset_labels(d: ArrayDataset | ShardedDataset) -> np.ndarray:
+    return d.y if isinstance(d, ArrayDataset) else d.labels
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
+def test_resume_is_exact(dataset: ArrayDataset | ShardedDataset, prefetch: bool) -> None:
+    sched = [[40, 20], [40, 20], [10, 50], [30, 30]]
+    ref = Loader(dataset, rank=1, world_size=2, seed=9, prefetch=False)
+    want = [ref.next_batch(sched[i % 4])[0] for i in range(30)]
+    a = Loader(dataset, rank=1, world_size=2, seed=9, prefetch=prefetch)
+    for i in range(13):
+        torch.testing.assert_close(a.next_batch(sched[i % 4])[0], want[i])
+    state = a.state_dict()
+    b = Loader(dataset, rank=1, world_size=2, seed=9, prefetch=prefetch)
+    b.load_state_dict(state)
+    for i in range(13, 30):
+        torch.testing.assert_close(b.next_batch(sched[i % 4])[0], want[i])
+    a.close()
+    b.close()
+
+
+def test_uint8_samples_are_scaled(tmp_path: Path) -> None:
+    x = np.full((10, 2), 255, np.uint8)
+    write_dataset(tmp_path / "u8", [(x, np.zeros(10, int))], num_classes=1)
+    got, _ = Loader(open_dataset(tmp_path / "u8"), rank=0, world_size=1).next_batch([4])
+    torch.testing.assert_close(got, torch.ones(4, 2))
+
+
+BAD = [
+    ("partition-needs-indices", dict(mode="partition"), None, "needs indices"),
+    ("unknown-mode", dict(mode="random"), None, "mode must be one of"),
+    ("wrong-sizes", {}, [5], "must hold 2 non-negative batch sizes"),
+    ("global-too-large", {}, [400, 201], "global batch 601 is larger than the 600 samples"),
+    ("batch-above-share", dict(mode="partition", indices=np.arange(20)), [5, 21],
+     "rank 1: batch size 21 is larger than its partition share of 20"),
+    ("empty-share", dict(mode="partition", indices=np.arange(0)), None, "rank 1 was given no"),
+]
+
+
+@pytest.mark.parametrize(("name", "kw", "sizes", "match"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input(name: str, kw: dict[str, object], sizes: list[int] | None, match: str) -> None:
+    ds = ArrayDataset(*_arrays(), 6)
+    with pytest.raises(LoaderError, match=match):
+        ld = Loader(ds, rank=1, world_size=2, **kw)  # type: ignore[arg-type]
+        ld.next_batch(sizes)
+
+
+def test_state_from_another_setup_is_refused() -> None:
+    ds = ArrayDataset(*_arrays(), 6)
+    state = Loader(ds, rank=0, world_size=2, seed=1).state_dict()
+    with pytest.raises(LoaderError, match="seed=1.*same data, mode, seed"):
+        Loader(ds, rank=0, world_size=2, seed=2).load_state_dict(state)

@@ -1,0 +1,126 @@
+"""Partitioners: pure functions of (labels, world size, rank, seed), checked without MPI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hethpc.data import (
+    DirichletPartitioner,
+    IIDPartitioner,
+    LabelSkewPartitioner,
+    Partitioner,
+    PartitionError,
+    SelDPPartitioner,
+    make_partitioner,
+)
+
+LABELS = np.random.default_rng(1).integers(0, 10, 1000)
+
+CASES = [
+    ("iid", IIDPartitioner(), 3),
+    ("iid-7", IIDPartitioner(), 7),
+    ("seldp", SelDPPartitioner(), 4),
+    ("label_skew-k1", LabelSkewPartitioner(labels_per_rank=1), 10),
+    ("label_skew-k3", LabelSkewPartitioner(labels_per_rank=3), 4),
+    ("label_skew-k2-uneven", LabelSkewPartitioner(labels_per_rank=2), 6),
+    ("dirichlet-0.1", DirichletPartitioner(alpha=0.1, min_size=5), 4),
+    ("dirichlet-100", DirichletPartitioner(alpha=100.0, min_size=5), 4),
+]
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize(("name", "part", "n"), CASES, ids=IDS)
+def test_every_rank_computes_the_same_assignment(name: str, part: Partitioner, n: int) -> None:
+    whole = part.all_indices(LABELS, n, seed=5)
+    for r in range(n):
+        np.testing.assert_array_equal(part.indices(LABELS, n, r, seed=5), whole[r])
+    other = part.all_indices(LABELS, n, seed=6)
+    changed = any(not np.array_equal(a, b) for a, b in zip(whole, other, strict=True))
+    # Label skew with one holder per label is the same whatever the seed.
+    assert changed or name == "label_skew-k1"
+
+
+@pytest.mark.parametrize(("name", "part", "n"), CASES, ids=IDS)
+def test_no_sample_lost_and_disjoint_where_promised(name: str, part: Partitioner, n: int) -> None:
+    parts = part.all_indices(LABELS, n, seed=0)
+    if part.disjoint:
+        allidx = np.concatenate(parts)
+        assert len(allidx) == len(np.unique(allidx)), "shares overlap"
+        np.testing.assert_array_equal(np.sort(allidx), np.arange(len(LABELS)))
+    else:  # SelDP: every rank holds the whole dataset, rotated
+        for p in parts:
+            np.testing.assert_array_equal(np.sort(p), np.arange(len(LABELS)))
+
+
+def test_iid_shares_are_equal_within_one() -> None:
+    sizes = [len(p) for p in IIDPartitioner().all_indices(LABELS, 7, 0)]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 1000
+
+
+def test_seldp_rank_r_starts_at_chunk_r() -> None:
+    parts = SelDPPartitioner().all_indices(LABELS, 4, 0)
+    chunks = np.array_split(parts[0], 4)
+    for r in range(4):
+        np.testing.assert_array_equal(parts[r][: len(chunks[r])], chunks[r])
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "expected"),
+    [
+        (1, 10, [[c] for c in range(10)]),
+        (3, 4, [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 9]]),
+        (2, 6, [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [0, 1]]),
+    ],
+    ids=["k1-n10", "k3-n4-wraps", "k2-n6-shared"],
+)
+def test_label_skew_holds_k_labels(k: int, n: int, expected: list[list[int]]) -> None:
+    p = LabelSkewPartitioner(labels_per_rank=k)
+    assert p.rank_labels(n, 10) == expected
+    for r, idx in enumerate(p.all_indices(LABELS, n, 0)):
+        assert sorted(set(LABELS[idx].tolist())) == expected[r]
+
+
+def test_label_skew_fewer_slots_than_labels_leaves_labels_out() -> None:
+    parts = LabelSkewPartitioner(labels_per_rank=1).all_indices(LABELS, 3, 0)
+    held = np.concatenate(parts)
+    assert set(LABELS[held].tolist()) == {0, 1, 2}
+    assert len(held) == int(np.isin(LABELS, [0, 1, 2]).sum())
+
+
+def test_dirichlet_alpha_controls_skew() -> None:
+    def skew(alpha: float) -> float:
+        parts = DirichletPartitioner(alpha=alpha, min_size=1).all_indices(LABELS, 4, 0)
+        h = np.array([np.bincount(LABELS[p], minlength=10) / len(p) for p in parts])
+        return float(np.abs(h - np.bincount(LABELS) / len(LABELS)).sum(1).mean())
+
+    assert skew(0.1) > 3 * skew(100.0)
+    parts = DirichletPartitioner(alpha=0.1, min_size=20).all_indices(LABELS, 4, 0)
+    assert min(len(p) for p in parts) >= 20
+
+
+BAD = [
+    ("empty-rank", lambda: IIDPartitioner().indices(np.zeros(2, int), 3, 0, 0),
+     r"leaves rank\(s\) \[2\] with no samples"),
+    ("dirichlet-min-size", lambda: DirichletPartitioner(alpha=0.05, min_size=200,
+                                                        max_retries=3).indices(LABELS, 8, 0, 0),
+     "fewer than min_size=200 samples in 3 draws"),
+    ("dirichlet-alpha", lambda: DirichletPartitioner(alpha=0.0), "alpha must be > 0"),
+    ("k-too-large", lambda: LabelSkewPartitioner(labels_per_rank=11).indices(LABELS, 2, 0, 0),
+     "exceeds the 10 classes"),
+    ("rank-out-of-range", lambda: IIDPartitioner().indices(LABELS, 2, 2, 0), "rank 2 is outside"),
+    ("unknown-name", lambda: make_partitioner("random"), "unknown partitioner 'random'"),
+    ("bad-setting", lambda: make_partitioner("iid", alpha=1), "does not take"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "match"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input(name: str, call: object, match: str) -> None:
+    with pytest.raises(PartitionError, match=match):
+        call()  # type: ignore[operator]
+
+
+def test_make_partitioner_by_name() -> None:
+    p = make_partitioner("label-skew", labels_per_rank=2)
+    assert isinstance(p, LabelSkewPartitioner) and p.labels_per_rank == 2
+    assert isinstance(make_partitioner("dirichlet", alpha=0.3, min_size=1), DirichletPartitioner)
