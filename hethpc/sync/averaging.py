@@ -77,8 +77,11 @@ def _reduce_(
         return
     if weight is None:
         comm.grouped_allreduce_(tensors, ReduceOp.AVERAGE, group=group, name=name)
-    else:
-        comm.grouped_allreduce_(tensors, ReduceOp.SUM, prescale=weight, group=group, name=name)
+        return
+    # Horovod refuses prescale factors that differ between ranks, so each rank scales its own
+    # tensors first and the allreduce only sums.
+    torch._foreach_mul_(tensors, weight)
+    comm.grouped_allreduce_(tensors, ReduceOp.SUM, group=group, name=name)
 
 
 def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -201,4 +201,3 @@ class SyncPolicy(abc.ABC):
         self._diverged = bool(state["diverged"])
         w = state["last_weight"]
         self._last_weight = None if w is None else float(w)
-

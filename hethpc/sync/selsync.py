@@ -105,5 +105,3 @@ class SelSync(SyncPolicy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
-
-

@@ -1,0 +1,186 @@
+"""Sync policies on real ranks: agreement on every decision, equal replicas after a sync,
+weighted averages in closed form, and the same error on every rank for bad weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.sync import (
+    FedAvg,
+    LocalOnly,
+    SelSync,
+    SyncError,
+    SyncPolicy,
+    agree,
+    average_gradients_,
+    average_model_,
+)
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[int, int]:
+    comm.init()
+    return comm.rank(), comm.size()
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _flat(model: nn.Module) -> np.ndarray:
+    return np.concatenate(
+        [t.detach().double().numpy().ravel() for t in model.state_dict().values()]
+    )
+
+
+def _replicas_equal(model: nn.Module) -> bool:
+    mine = _flat(model)
+    return bool(np.all(comm.allgather_array(mine) == mine))
+
+
+def _train_step(model: nn.Module, rank: int, step: int) -> None:
+    g = torch.Generator().manual_seed(1000 * rank + step)  # different data on each rank
+    x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_one_yes_vote_synchronises_every_rank(world: tuple[int, int]) -> None:
+    r, n = world
+    # window 1: S_t = g_t. Only the last rank's gradient jumps (x4 at step 3, back at step 4),
+    # so it alone votes yes at steps 3 and 4; every rank must still synchronise there.
+    model = nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = SelSync(threshold=0.3, window=1)
+    for step in range(7):
+        jump = 4.0 if (r == n - 1 and step == 3) else 1.0
+        model.weight.grad = torch.full_like(model.weight, jump * (1 + 0.01 * r))
+        policy.step(model, opt)
+    recs = policy.records
+    assert [r.synced for r in recs] == [True, False, False, True, True, False, False]
+    assert [r.votes for r in recs] == [n, 0, 0, 1, 1, 0, 0]
+    decisions = comm.allgather_object([rec.synced for rec in recs])
+    assert all(d == decisions[0] for d in decisions)
+
+
+@pytest.mark.parametrize("aggregation", ["params", "grads"])
+def test_selsync_training_agrees_and_syncs_replicas(
+    world: tuple[int, int], aggregation: str
+) -> None:
+    r, n = world
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    policy = SelSync(threshold=0.3, window=3, aggregation=aggregation)  # type: ignore[arg-type]
+    equal_after = []
+    for step in range(12):
+        _train_step(model, r, step)
+        rec = policy.step(model, opt)
+        equal_after.append(_replicas_equal(model))
+        assert comm.allgather_object(rec.synced) == [rec.synced] * n
+    decisions = [rec.synced for rec in policy.records]
+    assert decisions[:3] == [True] * 3  # warm-up
+    if aggregation == "params":
+        # Replicas are identical after every parameter sync, and (n > 1) differ after local steps.
+        assert all(eq for eq, s in zip(equal_after, decisions, strict=True) if s)
+        if n > 1:
+            assert not any(eq for eq, s in zip(equal_after, decisions, strict=True) if not s)
+    policy.finish(model)
+    assert _replicas_equal(model)
+
+
+def test_average_model_weighted_closed_form(world: tuple[int, int]) -> None:
+    r, n = world
+    model = _model()
+    for p in model.parameters():
+        p.data.fill_(r + 1.0)
+    bn = model[1]
+    bn.running_mean.fill_(10.0 * r)
+    bn.num_batches_tracked.fill_(r)
+    total = n * (n + 1) / 2
+    weight = (r + 1) / total
+    agree(True, weight)
+    average_model_(model, weight=weight)
+    expected = sum((k + 1) ** 2 for k in range(n)) / total
+    for p in model.parameters():
+        torch.testing.assert_close(p.data, torch.full_like(p, expected))
+    expected_mean = sum(10.0 * k * (k + 1) for k in range(n)) / total
+    torch.testing.assert_close(bn.running_mean, torch.full_like(bn.running_mean, expected_mean))
+    assert int(bn.num_batches_tracked) == n - 1  # integer buffers take the max
+
+
+def test_average_model_plain_mean(world: tuple[int, int]) -> None:
+    r, n = world
+    model = _model()
+    for p in model.parameters():
+        p.data.fill_(float(r))
+    average_model_(model)
+    for p in model.parameters():
+        torch.testing.assert_close(p.data, torch.full_like(p, (n - 1) / 2))
+
+
+def test_weighted_gradient_average_is_the_global_batch_gradient(world: tuple[int, int]) -> None:
+    r, n = world
+    sizes = [3 + 2 * k for k in range(n)]  # unequal per-rank batches
+    big = sum(sizes)
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(big, 6, generator=g), torch.randint(0, 3, (big,), generator=g)
+    # No BatchNorm here: its batch statistics would make sub-batch gradients differ.
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    nn.functional.cross_entropy(ref(x), y).backward()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    lo = sum(sizes[:r])
+    nn.functional.cross_entropy(model(x[lo : lo + sizes[r]]), y[lo : lo + sizes[r]]).backward()
+    average_gradients_(model.parameters(), weight=sizes[r] / big)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        (lambda r, n: 0.5 / n, "weights sum to 0.5, not 1"),
+        (lambda r, n: None if r == 0 else 1.0 / n, "passed no weight while the others did"),
+        (
+            lambda r, n: -1.0 if r == n - 1 else 1.0 / n,
+            r"rank\(s\) \[\d+\] passed a weight outside",
+        ),
+    ],
+    ids=["sum-half", "some-missing", "negative"],
+)
+def test_bad_weights_raise_the_same_error_on_every_rank(
+    world: tuple[int, int], weights: object, match: str
+) -> None:
+    r, n = world
+    w = weights(r, n)  # type: ignore[operator]
+    if n == 1 and match.startswith("passed no weight"):
+        pytest.skip("needs two ranks")
+    with pytest.raises(SyncError, match=match):
+        agree(False, w)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [lambda: FedAvg(period=3), lambda: LocalOnly()],
+    ids=["fedavg", "local"],
+)
+def test_periodic_and_local_replicas(world: tuple[int, int], policy: object) -> None:
+    r, n = world
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    pol: SyncPolicy = policy()  # type: ignore[operator]
+    for step in range(7):
+        _train_step(model, r, step)
+        rec = pol.step(model, opt)
+        if rec.synced:
+            assert _replicas_equal(model)
+        elif n > 1:
+            assert not _replicas_equal(model)
+    assert pol.finish(model)
+    assert _replicas_equal(model)
