@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hethpc.data import DatasetError, DatasetWriter, Manifest, load_mnist1d, sources
+if TYPE_CHECKING:
+    from hethpc.data import Manifest
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -93,6 +95,8 @@ def write_split(
     num_classes: int | None,
 ) -> Manifest:
     """Stream ``pieces`` into ``OUT/<split>``."""
+    from hethpc.data import DatasetError, DatasetWriter
+
     first, rest = _peek(pieces)
     if first is None:
         raise DatasetError(f"the {split} source holds no samples")
@@ -123,6 +127,9 @@ def write_split(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Imported after parsing, so that --help answers without loading torch.
+    from hethpc.data import DatasetError, load_mnist1d, sources
+
     nc = args.num_classes
     splits: list[tuple[str, Iterator[tuple[np.ndarray, np.ndarray]], int | None]] = []
     if args.source == "mnist1d":

@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from hethpc.data import DatasetError, PartitionError, make_partitioner, open_dataset
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
@@ -47,6 +45,9 @@ def _row(name: str, counts: np.ndarray) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Imported after parsing, so that --help answers without loading torch.
+    from hethpc.data import DatasetError, PartitionError, make_partitioner, open_dataset
+
     try:
         ds = open_dataset(args.path, verify=args.verify, locking=False if args.no_locking else None)
     except DatasetError as e:
