@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from hethpc.batching import AllocationError, allocate, exceeds_deadband, max_relative_change
-from hethpc.batching import uniform_sizes
+from hethpc.batching import (
+    AllocationError,
+    allocate,
+    exceeds_deadband,
+    max_relative_change,
+    uniform_sizes,
+)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ def weighted_gradient_allreduce(
 
     With ``weight = b_k / B`` and each rank's gradient the mean over its ``b_k`` samples, the
     result is the mean gradient over all ``B`` samples, whatever the split. Every gradient is
-    scaled and summed in one fused Horovod allreduce (``prescale=weight``, ``ReduceOp.SUM``).
+    scaled in place, then summed in one fused Horovod allreduce (``ReduceOp.SUM``; Horovod's
+    ``prescale`` must be equal on all ranks, so it cannot carry a per-rank weight).
     A parameter that requires a gradient but has none gets zeros first, so every rank reduces
     the same tensors.
 
@@ -58,6 +59,7 @@ def weighted_gradient_allreduce(
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params if p.grad is not None]
-    comm.grouped_allreduce_(
-        grads, comm.ReduceOp.SUM, prescale=w, group=g, name="hethpc.weighted_grads"
-    )
+    # Horovod requires the same prescale factor on every rank, so scale by hand first.
+    for t in grads:
+        t.mul_(w)
+    comm.grouped_allreduce_(grads, comm.ReduceOp.SUM, group=g, name="hethpc.weighted_grads")
