@@ -50,10 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str, Any] = {}
     for f in config_fields():
         flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {
-            "dest": f.name,
-            "help": f"{f.metadata['help']} (default: {f.default!r})",
-        }
+        text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
+        kw: dict[str, Any] = {"dest": f.name, "help": text}
         if f.metadata["choices"]:
             kw["choices"] = f.metadata["choices"]
         if f.type in ("bool", bool):

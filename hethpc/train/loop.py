@@ -146,6 +146,11 @@ def train(
     rank, size = comm.rank(), comm.size()
     say = log if rank == 0 else (lambda _msg: None)
     check_same_config(cfg)
+    if cfg.pipeline_stages > 1:
+        raise ConfigError(
+            "--pipeline-stages > 1 is not wired into jobs/train.py yet; use hethpc.pipeline "
+            "directly (see benchmarks/bench_pipeline.py) or run with --pipeline-stages 1"
+        )
     torch.use_deterministic_algorithms(True)
     run_dir = Path(cfg.run_dir)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)

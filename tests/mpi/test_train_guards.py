@@ -1,0 +1,83 @@
+"""Cross-rank guards on real ranks: config digests, model layouts, non-finite votes.
+
+Each bad input differs on one rank only; the error must be raised on every rank and name it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.train import (
+    ConfigError,
+    ModelMismatchError,
+    TrainConfig,
+    check_same_config,
+    check_same_model,
+    nonfinite_ranks,
+)
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[int, int]:
+    comm.init()
+    return comm.rank(), comm.size()
+
+
+def test_same_config_passes(world: tuple[int, int]) -> None:
+    r, _ = world
+    check_same_config(TrainConfig(cache_dir=f"/node{r}", progress=r == 0))  # local settings
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("seed", 7), ("batch_size", 64), ("threshold", 0.5), ("model", "mlp")],
+    ids=["seed", "global-batch", "sync-threshold", "model"],
+)
+def test_config_mismatch_is_named_on_every_rank(
+    world: tuple[int, int], setting: str, value: object
+) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    cfg = TrainConfig(**({setting: value} if r == n - 1 else {}))
+    with pytest.raises(ConfigError, match=rf"{setting} \(rank 0: .*rank {n - 1}: {value!r}\)"):
+        check_same_config(cfg)
+
+
+def test_same_model_passes(world: tuple[int, int]) -> None:
+    torch.manual_seed(world[0])  # different values are fine; the layout must agree
+    check_same_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+
+
+@pytest.mark.parametrize(
+    ("odd", "match"),
+    [
+        (
+            nn.Sequential(nn.Linear(4, 9), nn.ReLU(), nn.Linear(9, 2)),
+            r"0\.weight: rank 0 has shape",
+        ),
+        (nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).double(), "torch.float64"),
+        (nn.Sequential(nn.Linear(4, 8)), r"lacks \['2\.bias', '2\.weight'\]"),
+    ],
+    ids=["shape", "dtype", "missing-layer"],
+)
+def test_model_mismatch_is_named_on_every_rank(
+    world: tuple[int, int], odd: nn.Module, match: str
+) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    model = odd if r == n - 1 else nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(ModelMismatchError, match=match) as e:
+        check_same_model(model)
+    assert f"rank {n - 1}" in str(e.value)
+
+
+@pytest.mark.parametrize("bad_rank", [None, 0, -1], ids=["none", "first", "last"])
+def test_nonfinite_vote_is_agreed(world: tuple[int, int], bad_rank: int | None) -> None:
+    r, n = world
+    bad = None if bad_rank is None else bad_rank % n
+    assert nonfinite_ranks(r == bad) == ([] if bad is None else [bad])

@@ -1,0 +1,98 @@
+"""The guards' math without MPI: model signatures, non-finite detection, watchdog, faults."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc.train import Fault, local_nonfinite, model_signature
+from hethpc.train.guards import describe_mismatch
+from hethpc.train.summary import format_summary
+
+
+def _sig(model: nn.Module) -> list:
+    return model_signature(model)
+
+
+@pytest.mark.parametrize(
+    ("other", "expect"),
+    [
+        (nn.Sequential(nn.Linear(4, 3)), ""),
+        (nn.Sequential(nn.Linear(4, 5)), "0.weight: rank 0 has shape (3, 4)"),
+        (nn.Sequential(nn.Linear(4, 3).double()), "torch.float64"),
+        (
+            nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 3)),
+            "rank 1 has extra ['1.bias', '1.weight']",
+        ),
+        (nn.Sequential(nn.Identity(), nn.Linear(4, 3)), "rank 1 lacks ['0.bias', '0.weight']"),
+    ],
+    ids=["same", "shape", "dtype", "extra", "missing"],
+)
+def test_describe_mismatch(other: nn.Module, expect: str) -> None:
+    got = describe_mismatch([_sig(nn.Sequential(nn.Linear(4, 3))), _sig(other)])
+    assert (got == "") if expect == "" else (expect in got), got
+
+
+@pytest.mark.parametrize(
+    ("loss", "grad", "bad"),
+    [
+        (1.0, [1.0, 2.0], False),
+        (math.nan, [1.0], True),
+        (math.inf, [1.0], True),
+        (1.0, [1.0, math.nan], True),
+        (1.0, [-math.inf], True),
+    ],
+    ids=["finite", "nan-loss", "inf-loss", "nan-grad", "inf-grad"],
+)
+def test_local_nonfinite(loss: float, grad: list[float], bad: bool) -> None:
+    assert local_nonfinite(torch.tensor(loss), [torch.tensor(grad), None]) is bad
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [("1:20:kill", Fault(1, 20, "kill")), ("0:0:nan", Fault(0, 0, "nan"))],
+    ids=["kill", "nan"],
+)
+def test_fault_parse(text: str, fault: Fault) -> None:
+    assert Fault.parse(text) == fault
+
+
+@pytest.mark.parametrize("text", ["1:2", "a:1:kill", "1:2:explode"], ids=["short", "nan", "kind"])
+def test_fault_parse_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="fault"):
+        Fault.parse(text)
+
+
+def test_watchdog_ends_a_stalled_process() -> None:
+    code = (
+        "import time\nfrom hethpc.train import Watchdog\n"
+        "with Watchdog(1.0) as w:\n    w.kick()\n    time.sleep(60)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "Timeout" in proc.stderr and "line 5" in proc.stderr, proc.stderr
+
+
+def test_watchdog_that_is_kicked_lets_the_process_finish() -> None:
+    code = (
+        "import time\nfrom hethpc.train import Watchdog\n"
+        "with Watchdog(1.0) as w:\n    for _ in range(4):\n"
+        "        time.sleep(0.4)\n        w.kick()\n"
+        "time.sleep(1.5)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_summary_table_has_one_column_per_run() -> None:
+    text = format_summary(
+        [{"test_acc": 0.9, "final_batch_sizes": [40, 88]}, {"test_acc": 0.5}], names=["a", "b"]
+    )
+    lines = text.splitlines()
+    assert lines[0].split() == ["a", "b"]
+    assert "90.00 %" in text and "50.00 %" in text and "40 / 88" in text

@@ -1,0 +1,164 @@
+"""jobs/train.py end to end under mpirun: kill and resume, failures that end the job, guards.
+
+Each test launches ``scripts/mpirun.sh`` itself with tiny runs (MNIST-1D, 1,600 training
+samples, 2 ranks, 50 steps), so it is skipped when pytest itself runs under mpirun.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hethpc.train import CheckpointManager, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIRUN = ROOT / "scripts" / "mpirun.sh"
+JOB = ROOT / "jobs" / "train.py"
+
+pytestmark = pytest.mark.skipif(
+    "OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself; run it outside mpirun"
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def _args(cache: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--samples", "2000", "--batch-size", "64", "--epochs", "2", "--model", "mlp",
+        "--cache-dir", str(cache), "--run-dir", str(run_dir), "--checkpoint-every", "10",
+        "--progress", "false", "--watchdog-s", "60", *extra,
+    ]  # fmt: skip
+
+
+def _launch(
+    argv: list[str], *, np: int | None = 2, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``np`` ranks of the job with ``argv``; np=None: mpirun ``argv``; np=0: ``argv`` alone."""
+    if np is None:
+        cmd = [str(MPIRUN), *argv]
+    elif np == 0:
+        cmd = argv
+    else:
+        cmd = [str(MPIRUN), "-np", str(np), sys.executable, str(JOB), *argv]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(timeout)), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    return proc, time.perf_counter() - t0
+
+
+def _final(run_dir: Path) -> dict:
+    m = CheckpointManager(run_dir / "checkpoints")
+    step, state = m.load_latest()  # type: ignore[misc]
+    assert step == 50
+    return state
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("full")
+    proc, _ = _launch(_args(cache, run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run
+
+
+def test_run_writes_metrics_summary_and_checkpoints(uninterrupted: Path) -> None:
+    for r in (0, 1):
+        steps = [m for m in read_metrics(uninterrupted / "metrics" / f"rank{r}.jsonl")
+                 if m["kind"] == "step"]  # fmt: skip
+        assert [m["step"] for m in steps] == list(range(50))
+        assert {m["batch"] for m in steps} == {32} and all(m["synced"] for m in steps)
+    assert (uninterrupted / "summary.json").exists()
+    assert CheckpointManager(uninterrupted / "checkpoints").steps() == [30, 40, 50]
+
+
+def test_killed_rank_ends_the_job_and_resume_is_bit_identical(
+    uninterrupted: Path, cache: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "killed"
+    proc, took = _launch(_args(cache, run, "--fault", "1:25:kill"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "rank 1" in out and "signal 9" in out, out
+    assert took < 60, f"the job took {took:.1f} s to end after a rank was killed"
+    assert CheckpointManager(run / "checkpoints").steps() == [10, 20]
+
+    proc, _ = _launch(_args(cache, run, "--resume"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from step 20" in proc.stdout
+    want, got = _final(uninterrupted), _final(run)
+    for k, v in want["model"].items():
+        assert torch.equal(v, got["model"][k]), k
+    for k, v in want["optimizer"]["state"].items():
+        assert torch.equal(v["momentum_buffer"], got["optimizer"]["state"][k]["momentum_buffer"])
+
+
+def test_resume_on_one_rank_keeps_the_global_batch(
+    uninterrupted: Path, cache: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "shrunk"
+    (run / "checkpoints").mkdir(parents=True)
+    for p in (uninterrupted / "checkpoints").glob("ckpt-000000030.pt*"):
+        (run / "checkpoints" / p.name).write_bytes(p.read_bytes())
+    proc, _ = _launch([sys.executable, str(JOB), *_args(cache, run, "--resume")], np=0)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "saved on 2 ranks, re-split over 1" in proc.stdout
+    steps = [m for m in read_metrics(run / "metrics" / "rank0.jsonl") if m["kind"] == "step"]
+    assert [m["step"] for m in steps] == list(range(30, 50)) and steps[0]["batch"] == 64
+    # The same samples per step, summed in another order: equal up to float rounding.
+    want, got = _final(uninterrupted), _final(run)
+    for k, v in want["model"].items():
+        torch.testing.assert_close(got["model"][k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_config_mismatch_is_refused_naming_setting_and_ranks(cache: Path, tmp_path: Path) -> None:
+    a = [sys.executable, str(JOB), *_args(cache, tmp_path, "--seed", "0")]
+    b = [sys.executable, str(JOB), *_args(cache, tmp_path, "--seed", "3")]
+    proc, took = _launch(["-np", "1", *a, ":", "-np", "1", *b], np=None)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "seed (rank 0: 0, rank 1: 3)" in out, out
+    assert took < 60
+
+
+@pytest.mark.parametrize(
+    ("setting", "ok"), [("skip", True), ("stop", False)], ids=["skip-everywhere", "stop"]
+)
+def test_nonfinite_loss_on_one_rank(cache: Path, tmp_path: Path, setting: str, ok: bool) -> None:
+    extra = ("--fault", "1:5:nan", "--on-nonfinite", setting, "--max-steps", "12")
+    proc, _ = _launch(_args(cache, tmp_path, *extra))
+    out = proc.stdout + proc.stderr
+    assert "non-finite loss or gradient at step 5 on rank(s) [1]" in out, out
+    assert (proc.returncode == 0) is ok, out
+    if ok:
+        for r in (0, 1):
+            recs = [m for m in read_metrics(tmp_path / "metrics" / f"rank{r}.jsonl")
+                    if m["kind"] == "step"]  # fmt: skip
+            assert [m["step"] for m in recs if m["skipped"]] == [5]
+        state = CheckpointManager(tmp_path / "checkpoints").load_latest()[1]  # type: ignore[index]
+        assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_stalled_rank_is_ended_by_the_watchdog(cache: Path, tmp_path: Path) -> None:
+    extra = ("--fault", "1:5:stall", "--watchdog-s", "5")
+    proc, took = _launch([*_args(cache, tmp_path), *extra])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "Timeout" in out, out
+    assert took < 60
+
+
+def test_fresh_run_refuses_to_overwrite_a_previous_one(uninterrupted: Path, cache: Path) -> None:
+    proc, _ = _launch([sys.executable, str(JOB), *_args(cache, uninterrupted)], np=0)
+    assert proc.returncode != 0
+    assert "already holds a run" in proc.stderr
