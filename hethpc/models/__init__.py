@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from hethpc.models.builtin import MODELS, build_model, cnn1d, mlp
+from hethpc.models.builtin import MODELS, BasicBlock, build_model, cnn1d, large, mlp, resnet
 
-__all__ = ["MODELS", "build_model", "cnn1d", "mlp"]
+__all__ = ["MODELS", "BasicBlock", "build_model", "cnn1d", "large", "mlp", "resnet"]

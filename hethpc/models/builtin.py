@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 
 def mlp(
@@ -28,10 +29,8 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def cnn1d(
-    input_shape: Sequence[int], num_classes: int, *, channels: int = 32
-) -> nn.Sequential:
-    """A 1-D CNN for sequences such as MNIST-1D; input ``[batch, length]`` or ``[batch, 1, length]``.
+def cnn1d(input_shape: Sequence[int], num_classes: int, *, channels: int = 32) -> nn.Sequential:
+    """A 1-D CNN for sequences such as MNIST-1D: input ``[batch, length]`` or ``[batch, 1, L]``.
 
     Args:
         input_shape: ``(length,)`` or ``(1, length)``.
@@ -52,7 +51,98 @@ def cnn1d(
     )
 
 
-MODELS: dict[str, Callable[..., nn.Sequential]] = {"mlp": mlp, "cnn1d": cnn1d}
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm and a shortcut.
+
+    Input ``[batch, c_in, h, w]``; output ``[batch, c_out, h / stride, w / stride]``.
+    """
+
+    def __init__(self, c_in: int, c_out: int, *, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def resnet(
+    input_shape: Sequence[int], num_classes: int, *, width: int = 16, blocks: int = 1
+) -> nn.Sequential:
+    """A small ResNet for 32x32 images (CIFAR-style: three stages of basic blocks).
+
+    Args:
+        input_shape: ``(channels, height, width)``, e.g. ``(3, 32, 32)``; a flat
+            ``(channels * 32 * 32,)`` sample is reshaped to square images first.
+        num_classes: number of output logits.
+        width: channels of the first stage (doubled at each of the next two).
+        blocks: basic blocks per stage.
+
+    Raises:
+        ValueError: the input is not a square image (or a flat one of square size).
+    """
+    shape = tuple(int(s) for s in input_shape)
+    layers: list[nn.Module] = []
+    if len(shape) == 1:
+        side = int(math.isqrt(shape[0] // 3)) if shape[0] % 3 == 0 else int(math.isqrt(shape[0]))
+        c = shape[0] // (side * side) if side else 0
+        if c * side * side != shape[0]:
+            raise ValueError(f"resnet needs image samples (C, H, W); got flat shape {shape}")
+        shape = (c, side, side)
+        layers.append(nn.Unflatten(1, shape))
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise ValueError(f"resnet needs square images (C, H, W), got sample shape {shape}")
+    layers += [
+        nn.Conv2d(shape[0], width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
+    c_in = width
+    for stage, c_out in enumerate((width, 2 * width, 4 * width)):
+        for b in range(blocks):
+            layers.append(BasicBlock(c_in, c_out, stride=2 if stage > 0 and b == 0 else 1))
+            c_in = c_out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def large(
+    input_shape: Sequence[int], num_classes: int, *, hidden: int = 1024, depth: int = 8
+) -> nn.Sequential:
+    """A deep, wide MLP meant to be cut into pipeline stages (about ``depth * hidden**2`` weights).
+
+    Every hidden block is ``Linear -> LayerNorm -> ReLU`` as three separate layers, so stage
+    boundaries can fall between any of them.
+
+    Args:
+        input_shape: shape of one sample (flattened first).
+        num_classes: number of output logits.
+        hidden: width of each hidden layer (1024: about 1 M weights per layer).
+        depth: number of hidden layers.
+    """
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+MODELS: dict[str, Callable[..., nn.Sequential]] = {
+    "mlp": mlp,
+    "cnn1d": cnn1d,
+    "resnet": resnet,
+    "large": large,
+}
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int) -> nn.Sequential:
