@@ -33,8 +33,10 @@ class Loader:
         ``partition``: the rank cycles through its own ``indices`` (from a partitioner), in a
             new seeded order each epoch, taking ``sizes[rank]`` samples per step.
 
-    Permutations are chunk-aware (:func:`~hethpc.data.order.block_shuffle`) for a
-    :class:`ShardedDataset` and uniform for an in-memory :class:`ArrayDataset`.
+    Samples inside a batch come in storage (index) order; which samples form each batch
+    follows the permutation. Permutations are chunk-aware
+    (:func:`~hethpc.data.order.block_shuffle`) for a :class:`ShardedDataset` and uniform for
+    an in-memory :class:`ArrayDataset`.
 
     Args:
         dataset: an :class:`ArrayDataset` or a :class:`ShardedDataset`.
@@ -162,7 +164,9 @@ class Loader:
         return self._pos, b, b
 
     def _load(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._stream(start, count)
+        # Storage order inside a batch: one copy per chunk. Which samples form the batch
+        # follows the permutation; their order inside it does not matter to training.
+        idx = np.sort(self._stream(start, count))
         if isinstance(self.dataset, ShardedDataset):
             x, y = self.dataset.read(idx)
         else:

@@ -56,13 +56,14 @@ class ShardedDataset:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._files: dict[int, h5py.File] = {}
+        self._x: dict[int, h5py.Dataset] = {}
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._cached = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        for k in ("_files", "_cache", "_lock", "_pid", "_cached"):
+        for k in ("_files", "_x", "_cache", "_lock", "_pid", "_cached"):
             d.pop(k, None)
         return d
 
@@ -118,7 +119,10 @@ class ShardedDataset:
         a = chunk * self._chunk
         b = min(a + self._chunk, int(self._starts[shard + 1] - self._starts[shard]))
         try:
-            data = self._file(shard)["x"][a:b]
+            x = self._x.get(shard)
+            if x is None:
+                x = self._x[shard] = self._file(shard)["x"]
+            data = x[a:b]
         except OSError as e:
             raise ShardError(
                 f"shard {self._paths[shard]} is corrupt (samples {a}..{b - 1} fail their HDF5 "
@@ -155,15 +159,24 @@ class ShardedDataset:
         shard = np.searchsorted(self._starts, idx, side="right") - 1
         local = idx - self._starts[shard]
         key = shard * (1 << 32) + local // self._chunk
+        if len(idx) < 2 or bool((np.diff(idx) >= 0).all()):
+            # Sorted indices: each chunk fills a contiguous run of ``out``, one copy each.
+            bounds = np.flatnonzero(np.diff(key)) + 1
+            with self._lock:
+                for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(idx)], strict=True):
+                    if a == b:
+                        continue
+                    s, c = int(shard[a]), int(local[a] // self._chunk)
+                    data = self._read_chunk(s, c)
+                    np.take(data, local[a:b] - c * self._chunk, axis=0, out=out[a:b])
+            return out, self.labels[idx]
         order = np.argsort(key, kind="stable")
-        ks = key[order]
-        bounds = np.flatnonzero(np.diff(ks)) + 1
+        bounds = np.flatnonzero(np.diff(key[order])) + 1
         with self._lock:
             for grp in np.split(order, bounds):
                 if not len(grp):
                     continue
-                s = int(shard[grp[0]])
-                c = int(local[grp[0]] // self._chunk)
+                s, c = int(shard[grp[0]]), int(local[grp[0]] // self._chunk)
                 data = self._read_chunk(s, c)
                 out[grp] = data[local[grp] - c * self._chunk]
         return out, self.labels[idx]
@@ -174,6 +187,7 @@ class ShardedDataset:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+            self._x.clear()
             self._cache.clear()
             self._cached = 0
 

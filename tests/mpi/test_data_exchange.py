@@ -86,7 +86,7 @@ def test_iid_slices_tile_every_global_batch(
         assert len(xb) == sizes[r]
         parts = comm.allgather_object(xb[:, 0].long().tolist())
         want = whole.next_batch([sizes.sum()])[0][:, 0].long().tolist()
-        assert [v for p in parts for v in p] == want, f"step {step}: slices do not tile"
+        assert sorted(v for p in parts for v in p) == sorted(want), f"step {step}: no tiling"
         stream.extend(want)
     first = min(len(stream), 300)
     assert len(set(stream[:first])) == first, "no sample twice within an epoch"

@@ -1,0 +1,180 @@
+"""Loader throughput on a >= 1 GB synthetic HDF5 dataset, beside raw and naive h5py reads.
+
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_loader.py [--quick]
+
+Measures samples/s for a few batch sizes, side by side in one run:
+  loader: hethpc.data.Loader (IID mode, chunk-aware shuffle, background prefetch);
+  raw:    contiguous slices ``x[a:a+B]`` of each shard in file order (the practical limit);
+  naive:  a torch Dataset reading one sample per ``__getitem__`` from h5py, through a shuffling
+          DataLoader (what users write first).
+All three read the same files after one warm-up pass (the page cache then holds them).
+The dataset is written once to --path (under /tmp) and reused by later runs.
+The last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from hethpc.data import DatasetError, Loader, ShardedDataset, open_dataset, write_dataset
+from hethpc.data.sources import synthetic_pieces
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--path", default="/tmp/hethpc-bench-loader/train",
+                   help="dataset directory (written if absent, reused if present)")
+    p.add_argument("--gigabytes", type=float, default=1.0, help="dataset size")
+    p.add_argument("--sample-floats", type=int, default=1024, help="float32 values per sample")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--read-mb", type=float, default=512.0,
+                   help="megabytes read per measurement (loader and raw)")
+    p.add_argument("--naive-seconds", type=float, default=6.0, help="time per naive measurement")
+    p.add_argument("--quick", action="store_true", help="about a minute: fewer bytes per point")
+    return p.parse_args(argv)
+
+
+def ensure_dataset(path: Path, num_samples: int, floats: int) -> ShardedDataset:
+    """Open the benchmark dataset, writing it first if absent or of another size."""
+    want = {"bench": "loader", "samples": num_samples, "floats": floats}
+    if (path / "manifest.json").is_file():
+        try:
+            ds = open_dataset(path, verify=False)
+            if ds.manifest.meta.get("bench") == want:
+                print(f"reusing {path} ({len(ds)} samples)", flush=True)
+                return ds
+        except DatasetError as e:
+            print(f"rewriting {path}: {e}", flush=True)
+    elif path.exists():
+        sys.exit(f"{path} exists and is not a hethpc dataset; choose another --path")
+    t0 = time.perf_counter()
+    print(f"writing {num_samples} samples x {floats} float32 to {path} ...", flush=True)
+    write_dataset(path, synthetic_pieces(num_samples, (floats,), num_classes=10, seed=0),
+                  num_classes=10, shard_samples=65_536, force=True, name="bench-loader",
+                  meta={"bench": want})
+    print(f"  written in {time.perf_counter() - t0:.1f} s", flush=True)
+    return open_dataset(path, verify=False)
+
+
+def warm(ds: ShardedDataset) -> None:
+    """Read every file once, so each method reads from the same (cached) state."""
+    for s in ds.manifest.shards:
+        with open(ds.root / s.file, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def bench_raw(ds: ShardedDataset, b: int, budget: int) -> float:
+    files = [h5py.File(ds.root / s.file, "r") for s in ds.manifest.shards]
+    done, t0 = 0, time.perf_counter()
+    for f in files:
+        x, y = f["x"], f["y"]
+        for a in range(0, x.shape[0], b):
+            xb, yb = torch.from_numpy(x[a : a + b]), torch.from_numpy(y[a : a + b])
+            done += len(xb) + 0 * len(yb)
+            if done >= budget:
+                break
+        if done >= budget:
+            break
+    dt = time.perf_counter() - t0
+    for f in files:
+        f.close()
+    return done / dt
+
+
+def bench_loader(ds: ShardedDataset, b: int, budget: int, prefetch: bool) -> float:
+    ds.close()
+    loader = Loader(ds, rank=0, world_size=1, seed=0, prefetch=prefetch)
+    done, t0 = 0, time.perf_counter()
+    while done < budget:
+        x, _ = loader.next_batch([b])
+        done += len(x)
+    dt = time.perf_counter() - t0
+    loader.close()
+    return done / dt
+
+
+class NaiveH5(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """One sample per __getitem__, straight from h5py (the usual first attempt)."""
+
+    def __init__(self, ds: ShardedDataset) -> None:
+        self.files = [str(ds.root / s.file) for s in ds.manifest.shards]
+        self.starts = np.cumsum([0] + [s.num_samples for s in ds.manifest.shards])
+        self.handles: list[h5py.File] | None = None
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.handles is None:
+            self.handles = [h5py.File(f, "r") for f in self.files]
+        s = int(np.searchsorted(self.starts, i, side="right") - 1)
+        f = self.handles[s]
+        j = i - int(self.starts[s])
+        return torch.from_numpy(f["x"][j]), int(f["y"][j])
+
+
+def bench_naive(ds: ShardedDataset, b: int, seconds: float) -> float:
+    dl = torch.utils.data.DataLoader(NaiveH5(ds), batch_size=b, shuffle=True, num_workers=0)
+    done, t0 = 0, time.perf_counter()
+    for x, _ in dl:
+        done += len(x)
+        if time.perf_counter() - t0 > seconds:
+            break
+    return done / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        args.read_mb, args.naive_seconds = min(args.read_mb, 128.0), min(args.naive_seconds, 3.0)
+    sample_bytes = 4 * args.sample_floats
+    n = int(np.ceil(args.gigabytes * 1e9 / sample_bytes))
+    ds = ensure_dataset(Path(args.path), n, args.sample_floats)
+    size = sum(s.num_bytes for s in ds.manifest.shards)
+    print(f"dataset: {len(ds)} samples, {size / 1e9:.2f} GB, chunk {ds.chunk_samples} samples, "
+          f"{len(ds.manifest.shards)} shards; warming the page cache", flush=True)
+    warm(ds)
+    budget = int(args.read_mb * 1e6 / sample_bytes)
+    rows = {}
+    for b in args.batch_sizes:
+        raw = bench_raw(ds, b, budget)
+        fetch = bench_loader(ds, b, budget, prefetch=True)
+        inline = bench_loader(ds, b, budget, prefetch=False)
+        naive = bench_naive(ds, b, args.naive_seconds)
+        rows[b] = {"loader": fetch, "loader_no_prefetch": inline, "raw": raw, "naive": naive}
+        print(f"batch {b:>5}: loader {fetch:>10.0f}/s (no prefetch {inline:>10.0f}/s)  raw "
+              f"{raw:>10.0f}/s  naive {naive:>8.0f}/s  loader/raw {fetch / raw:.2f}  "
+              f"loader/naive {fetch / naive:.0f}x", flush=True)
+    big = rows[max(args.batch_sizes)]
+    print(json.dumps({
+        "dataset_gb": round(size / 1e9, 3),
+        "batch_size": max(args.batch_sizes),
+        "loader_samples_per_s": round(big["loader"]),
+        "loader_no_prefetch_samples_per_s": round(big["loader_no_prefetch"]),
+        "raw_samples_per_s": round(big["raw"]),
+        "naive_samples_per_s": round(big["naive"]),
+        "loader_vs_raw": round(big["loader"] / big["raw"], 3),
+        "loader_vs_naive": round(big["loader"] / big["naive"], 1),
+        "goal_vs_raw": 0.7,
+        "goal_vs_naive": 10,
+        "by_batch": {str(b): {k: round(v) for k, v in r.items()} for b, r in rows.items()},
+        "quick": args.quick,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
