@@ -75,6 +75,7 @@ class TrainConfig:
     )
     weights: str = _f("", "static batching: per-rank weights, e.g. '1,2'")
     batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
+    b_min: int = _f(1, "dynamic batching: smallest batch of a rank")
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
@@ -107,6 +108,7 @@ class TrainConfig:
             "sync_window",
             "fedavg_period",
             "batch_interval",
+            "b_min",
             "pipeline_stages",
             "micro_batches",
         )

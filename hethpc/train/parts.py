@@ -34,7 +34,8 @@ def make_loader(
         if cfg.partition == "labels"
         else {"alpha": cfg.dirichlet_alpha}
     )
-    idx = make_partitioner(cfg.partition, **kw).indices(
+    name = "label_skew" if cfg.partition == "labels" else cfg.partition
+    idx = make_partitioner(name, **kw).indices(
         labels_of(train), world_size, rank, cfg.seed
     )
     return Loader(
@@ -57,6 +58,7 @@ def make_controller(cfg: TrainConfig) -> BatchController:
         mode=cfg.batching,
         weights=weights if cfg.batching != "uniform" else None,
         interval=cfg.batch_interval,
+        b_min=cfg.b_min,
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
     )
 
