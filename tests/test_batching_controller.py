@@ -21,6 +21,7 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"interval": 0}, BatchingError, "interval must be at least 1"),
         ({"deadband": 1.0}, BatchingError, r"deadband must be in \[0, 1\)"),
         ({"smoothing": -0.1}, BatchingError, r"smoothing must be in \[0, 1\)"),
+        ({"min_change": -1}, BatchingError, "min_change must be >= 0 samples"),
         ({"probe_steps": -1}, BatchingError, "probe_steps must be >= 0"),
         ({"slowdown": "1:3"}, BatchingError, "names rank 1, but the group has 1 rank"),
         ({"mode": "uniform", "weights": [1.0]}, BatchingError, "takes no weights"),
@@ -29,8 +30,8 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"b_max": 8}, AllocationError, "exceeds what the 1 ranks may hold"),
         ({"b_min": 0}, AllocationError, "at least 1 on every rank"),
     ],
-    ids=["mode", "interval", "deadband", "smoothing", "probe", "slowdown-rank", "uniform-weights",
-         "weights-length", "weights-zero", "b_max", "b_min"],
+    ids=["mode", "interval", "deadband", "smoothing", "min_change", "probe", "slowdown-rank",
+         "uniform-weights", "weights-length", "weights-zero", "b_max", "b_min"],
 )
 def test_bad_settings(kw: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):

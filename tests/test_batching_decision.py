@@ -15,12 +15,16 @@ from hethpc.batching import Adjustment, AllocationError, decide
         ([64, 64], [1e-3, 3e-3], {}, [96, 32], True, "adopted"),
         ([96, 32], [1e-3, 3e-3], {}, [96, 32], False, "unchanged"),
         ([96, 32], [1e-3, 2.9e-3], {}, [95, 33], False, "dead-band"),
-        ([96, 32], [1e-3, 2.9e-3], {"deadband": 0.0}, [95, 33], True, "adopted"),
+        ([96, 32], [1e-3, 2.9e-3], {"deadband": 0.0, "min_change": 0}, [95, 33], True, "adopted"),
+        ([113, 15], [1e-3, 7.1e-3], {}, [112, 16], False, "dead-band"),  # 6.7 % but one sample
+        ([113, 15], [1e-3, 7.1e-3], {"min_change": 0}, [112, 16], True, "adopted"),
+        ([113, 15], [1e-3, 6.5e-3], {}, [111, 17], True, "adopted"),
         ([64, 64], [1e-3, 1.04e-3], {"force": True}, [65, 63], True, "probe"),
         ([43, 43, 42], [1e-3, 2e-3, 4e-3], {}, [73, 37, 18], True, "adopted"),
         ([64, 64], [1e-3, 9e-3], {"b_min": 20}, [108, 20], True, "adopted"),
     ],
-    ids=["from-uniform", "balanced", "held-by-band", "band-zero", "probe-forced", "three-ranks",
+    ids=["from-uniform", "balanced", "held-by-band", "band-zero", "one-sample-held",
+         "one-sample-allowed", "two-samples", "probe-forced", "three-ranks",
          "clamped"],
 )
 def test_decide(

@@ -40,6 +40,8 @@ class BatchController:
             sizes (static); None for equal sizes.
         interval: steps between control decisions (dynamic).
         deadband: adopt new sizes only when the largest relative change exceeds this (5 %).
+        min_change: also hold unless some rank's size moves by more than this many samples
+            (a one-sample move is rounding noise; 0 disables).
         smoothing: EWMA weight of the old average, in [0, 1): ``s = a*s + (1-a)*t``; 0 keeps
             only the latest step. The default 0.7 keeps about 3 % of a value after 10 steps.
         b_min: smallest batch of a rank, an int or one per rank (>= 1).
@@ -65,6 +67,7 @@ class BatchController:
         weights: Sequence[float] | np.ndarray | None = None,
         interval: int = 10,
         deadband: float = 0.05,
+        min_change: int = 1,
         smoothing: float = 0.7,
         b_min: Bound = 1,
         b_max: Bound = None,
@@ -82,13 +85,14 @@ class BatchController:
         self.mode = mode
         self.interval = int(interval)
         self.deadband = float(deadband)
+        self.min_change = int(min_change)
         self.smoothing = float(smoothing)
         self.probe_steps = int(probe_steps)
         self._b_min, self._b_max = b_min, b_max
         settings = (
             self.global_batch, mode, None if weights is None else [float(w) for w in weights],
-            self.interval, self.deadband, self.smoothing, _plain(b_min), _plain(b_max),
-            self.probe_steps, self._slowdown.spec,
+            self.interval, self.deadband, self.min_change, self.smoothing, _plain(b_min),
+            _plain(b_max), self.probe_steps, self._slowdown.spec,
         )
         # Decide on gathered settings so that a mismatch raises the same error on every rank.
         seen = comm.allgather_object(repr(settings), group=self._group)
@@ -119,6 +123,8 @@ class BatchController:
             raise BatchingError(f"interval must be at least 1 step, got {self.interval}")
         if not 0 <= self.deadband < 1:
             raise BatchingError(f"deadband must be in [0, 1), got {self.deadband}")
+        if self.min_change < 0:
+            raise BatchingError(f"min_change must be >= 0 samples, got {self.min_change}")
         if not 0 <= self.smoothing < 1:
             raise BatchingError(f"smoothing must be in [0, 1), got {self.smoothing}")
         if self.probe_steps < 0:
@@ -222,6 +228,7 @@ class BatchController:
             gathered[:, 1],
             global_batch=self.global_batch,
             deadband=self.deadband,
+            min_change=self.min_change,
             b_min=self._b_min,
             b_max=self._b_max,
             force=self._probe_pending,

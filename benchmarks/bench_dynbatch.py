@@ -1,0 +1,329 @@
+"""Dynamic batching vs uniform batches with one rank emulated FACTOR times slower (issue 4).
+
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_dynbatch.py [--quick]
+
+Launches itself under ``scripts/mpirun.sh`` on 2 ranks (and 4, oversubscribed, unless
+``--quick``). Each launch trains a 1-D CNN on MNIST-1D three times, side by side:
+
+1. uniform batches, rank 1 slowed FACTOR x, ``--epochs`` epochs;
+2. dynamic batching, same slowdown, same seed, same epochs (accuracy compared with 1);
+3. dynamic batching while the slowdown changes: FACTOR x, then 1x at step S, FACTOR x at 2S.
+
+Every step each rank takes its slice of one seeded global permutation by its current size,
+times forward + backward (stretched by the emulated slowdown), and combines gradients with
+``weighted_gradient_allreduce``. The ideal epoch time is the global batch divided by the sum of
+the ranks' throughputs (samples/s of compute, measured in the uniform run), per step.
+
+Definitions: a decision is *balanced* when the ranks' smoothed step times differ by at most
+``--balance-tol`` (max/min - 1). ``adjustments_to_balance``: adopted adjustments before the first
+balanced decision of run 2. ``intervals_to_rebalance``: for each change in run 3, decisions
+after the change before the first balanced one (the largest over the changes).
+``steady_adjustments``: adopted adjustments after balance, before the next change, summed over
+runs 2 and 3. ``dynamic_epoch_s``: mean over epochs 2.. of run 2 (epoch 1 holds the
+transient, reported as ``dynamic_first_epoch_s``); ``uniform_epoch_s``: mean over run 1.
+
+The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
+under ``"np4"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hethpc import comm  # noqa: E402
+from hethpc.batching import BatchController, weighted_gradient_allreduce  # noqa: E402
+from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
+from hethpc.models import cnn1d  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="about a minute: 2 ranks, fewer steps")
+    p.add_argument("--ranks", default=None, help="world sizes to run, e.g. '2,4' (default 2,4)")
+    p.add_argument("--factor", type=float, default=3.0, help="slowdown of rank 1")
+    p.add_argument("--epochs", type=int, default=None, help="epochs of runs 1 and 2 (default 3)")
+    p.add_argument("--samples", type=int, default=None, help="MNIST-1D samples (80%% train)")
+    p.add_argument("--phase-steps", type=int, default=None, help="S: steps per phase of run 3")
+    p.add_argument("--batch", type=int, default=128, help="global batch B")
+    p.add_argument("--channels", type=int, default=192, help="CNN channels (compute per sample)")
+    p.add_argument("--interval", type=int, default=10, help="steps between control decisions")
+    p.add_argument("--balance-tol", type=float, default=0.10, help="balanced: max/min - 1 <= tol")
+    p.add_argument("--seed", type=int, default=0, help="model init and shuffling seed")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--plot", default=None, help="write a PNG of sizes and times over steps")
+    p.add_argument(
+        "--cache-dir",
+        default=os.environ.get("HETHPC_CACHE", str(Path.home() / ".cache" / "hethpc")),
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.ranks = a.ranks or ("2" if a.quick else "2,4")
+    a.epochs = a.epochs or (2 if a.quick else 3)
+    a.samples = a.samples or (6000 if a.quick else 20_000)
+    a.phase_steps = a.phase_steps or (60 if a.quick else 100)
+    return a
+
+
+# ---- worker: runs on every rank under mpirun -------------------------------------------------
+
+
+def say(*parts: object) -> None:
+    if comm.rank() == 0:
+        print(*parts, flush=True)
+
+
+def accuracy(model: nn.Module, data: ArrayDataset) -> float:
+    model.eval()
+    with torch.no_grad():
+        pred = model(torch.from_numpy(data.x)).argmax(1).numpy()
+    model.train()
+    return float((pred == data.y).mean())
+
+
+def train(
+    args: argparse.Namespace,
+    train_set: ArrayDataset,
+    test_set: ArrayDataset,
+    *,
+    mode: str,
+    slowdown: str,
+    epochs: int | None = None,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """One run; returns per-epoch times and accuracies, per-step records, the decisions."""
+    r, B = comm.rank(), args.batch
+    torch.manual_seed(args.seed)
+    model = cnn1d(train_set.x.shape[1:], train_set.num_classes, channels=args.channels)
+    model(torch.from_numpy(train_set.x[:2]))
+    comm.broadcast_model(model)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    ctl = BatchController(B, mode=mode, interval=args.interval, slowdown=slowdown)
+    per_epoch = len(train_set) // B
+    total = steps if steps is not None else per_epoch * (epochs or 1)
+    epoch_s: list[float] = []
+    acc: list[float] = []
+    log: list[tuple[int, int, float]] = []  # (step, batch, compute_s) of this rank
+    comm.barrier()
+    t_epoch = time.perf_counter()
+    perm = np.empty(0, dtype=np.int64)
+    for step in range(total):
+        epoch, k = divmod(step, per_epoch)
+        if k == 0:
+            perm = np.random.default_rng(args.seed + epoch).permutation(len(train_set))
+        sizes = ctl.batch_sizes
+        b = int(sizes[r])
+        lo = k * B + int(sizes[:r].sum())
+        idx = perm[lo : lo + b]
+        x, y = torch.from_numpy(train_set.x[idx]), torch.from_numpy(train_set.y[idx])
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        compute_s = ctl.timer_stop(t0)
+        weighted_gradient_allreduce(model.parameters(), weight=b / B)
+        opt.step()
+        ctl.update(step=step, compute_s=compute_s)
+        log.append((step, b, compute_s))
+        if steps is None and k == per_epoch - 1:
+            comm.barrier()
+            epoch_s.append(time.perf_counter() - t_epoch)
+            acc.append(accuracy(model, test_set))  # every rank: the models are identical
+            say(
+                f"  {mode:8s} epoch {epoch + 1}: {epoch_s[-1]:.2f} s, test accuracy "
+                f"{100 * acc[-1]:.1f}%, sizes {ctl.batch_sizes.tolist()}"
+            )
+            comm.barrier()
+            t_epoch = time.perf_counter()
+    logs = comm.allgather_object(log)
+    return {
+        "epoch_s": epoch_s,
+        "accuracy": acc,
+        "logs": logs,
+        "decisions": [a.as_dict() for a in ctl.adjustments],
+        "steps_per_epoch": per_epoch,
+    }
+
+
+def balanced(rec: dict[str, Any], tol: float) -> bool:
+    t = rec["times"]
+    return bool(min(t) > 0 and max(t) / min(t) - 1 <= tol)
+
+
+def phase_figures(decisions: list[dict[str, Any]], start: int, end: int, tol: float) -> tuple[
+    int | None, int
+]:
+    """For decisions in [start, end): decisions before the first balanced one, and the
+    adjustments adopted after it."""
+    ds = [d for d in decisions if start <= d["step"] < end]
+    first = next((i for i, d in enumerate(ds) if balanced(d, tol)), None)
+    if first is None:
+        return None, 0
+    return first, sum(1 for d in ds[first + 1 :] if d["applied"])
+
+
+def worker(args: argparse.Namespace) -> None:
+    comm.abort_on_exception()
+    comm.init()
+    torch.set_num_threads(1)
+    n, F = comm.size(), args.factor
+    if comm.rank() == 0:
+        load_mnist1d(num_samples=args.samples, cache_dir=args.cache_dir)
+    comm.barrier()
+    train_set, test_set = load_mnist1d(num_samples=args.samples, cache_dir=args.cache_dir)
+    say(f"{n} ranks, rank 1 slowed {F:g}x, global batch {args.batch}, cnn1d({args.channels})")
+
+    uni = train(args, train_set, test_set, mode="uniform", slowdown=f"1:{F:g}", epochs=args.epochs)
+    dyn = train(args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}", epochs=args.epochs)
+    S = args.phase_steps
+    say(f"  change run: rank 1 at {F:g}x, 1x from step {S}, {F:g}x from step {2 * S}")
+    chg = train(
+        args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}@0,1:1@{S},1:{F:g}@{2 * S}",
+        steps=3 * S,
+    )
+
+    # Throughput of each rank from the uniform run (skip the first steps: warm-up).
+    spe = uni["steps_per_epoch"]
+    skip = min(5, len(uni["logs"][0]) // 4)
+    X = [statistics.median(b / t for _, b, t in log[skip:]) for log in uni["logs"]]
+    ideal = spe * args.batch / sum(X)
+    uniform_epoch = statistics.mean(uni["epoch_s"])
+    dyn_steady = dyn["epoch_s"][1:] or dyn["epoch_s"]
+    dynamic_epoch = statistics.mean(dyn_steady)
+    tol = args.balance_tol
+
+    to_balance, steady2 = phase_figures(dyn["decisions"], 0, 10**9, tol)
+    applied_before = None
+    if to_balance is not None:
+        applied_before = sum(1 for d in dyn["decisions"][:to_balance] if d["applied"])
+    rebalance: list[int | None] = []
+    steady3 = 0
+    bounds = [0, S, 2 * S, 3 * S]
+    for i in range(3):
+        first, steady = phase_figures(chg["decisions"], bounds[i], bounds[i + 1], tol)
+        steady3 += steady
+        if i > 0:
+            rebalance.append(first)
+    acc_u, acc_d = uni["accuracy"][-1], dyn["accuracy"][-1]
+    out = {
+        "ranks": n,
+        "factor": F,
+        "global_batch": args.batch,
+        "steps_per_epoch": spe,
+        "uniform_epoch_s": round(uniform_epoch, 3),
+        "dynamic_epoch_s": round(dynamic_epoch, 3),
+        "dynamic_first_epoch_s": round(dyn["epoch_s"][0], 3),
+        "ideal_epoch_s": round(ideal, 3),
+        "speedup": round(uniform_epoch / dynamic_epoch, 3),
+        "ideal_speedup": round(uniform_epoch / ideal, 3),
+        "dynamic_over_ideal": round(dynamic_epoch / ideal, 3),
+        "adjustments_to_balance": applied_before,
+        "intervals_to_rebalance": None if None in rebalance else max(rebalance),  # type: ignore[type-var]
+        "intervals_to_rebalance_per_change": rebalance,
+        "steady_adjustments": steady2 + steady3,
+        "throughputs": [round(x, 1) for x in X],
+        "final_sizes": dyn["decisions"][-1]["new_sizes"] if dyn["decisions"] else None,
+        "epochs": args.epochs,
+        "uniform_accuracy": round(acc_u, 4),
+        "dynamic_accuracy": round(acc_d, 4),
+        "accuracy_gap_points": round(100 * abs(acc_u - acc_d), 2),
+        "decisions_run2": [(d["step"], d["new_sizes"], d["applied"], d["reason"]) for d in dyn["decisions"]],
+        "decisions_run3": [(d["step"], d["new_sizes"], d["applied"], d["reason"]) for d in chg["decisions"]],
+    }
+    if args.plot and comm.rank() == 0:
+        plot(args.plot, chg, S, n)
+    if comm.rank() == 0:
+        print(json.dumps(out), flush=True)
+
+
+def plot(path: str, run: dict[str, Any], S: int, n: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for k in range(n):
+        steps = [s for s, _, _ in run["logs"][k]]
+        ax1.plot(steps, [b for _, b, _ in run["logs"][k]], label=f"rank {k}")
+        ax2.plot(steps, [1e3 * t for _, _, t in run["logs"][k]], label=f"rank {k}")
+    for ax in (ax1, ax2):
+        for s in (S, 2 * S):
+            ax.axvline(s, color="grey", ls=":")
+        ax.legend()
+    ax1.set_ylabel("batch size")
+    ax2.set_ylabel("compute ms / step")
+    ax2.set_xlabel("step")
+    fig.suptitle("dynamic batching: rank 1 slowdown changes at the dotted lines")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+# ---- launcher: runs mpirun for each world size ------------------------------------------------
+
+
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
+    results: dict[int, dict[str, Any]] = {}
+    for n in [int(v) for v in args.ranks.split(",")]:
+        cmd = [
+            str(ROOT / "scripts" / "mpirun.sh"), "-np", str(n), sys.executable, __file__,
+            "--worker", *argv,
+        ]
+        if n != 2 and args.plot:
+            cmd += ["--plot", str(Path(args.plot).with_suffix(f".np{n}.png"))]
+        print(f"bench_dynbatch: {' '.join(cmd[1:3])} ...", flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        lines = proc.stdout.strip().splitlines()
+        for line in lines[:-1]:
+            print(line, flush=True)
+        if proc.returncode != 0 or not lines:
+            print(f"bench_dynbatch: {n}-rank run failed (exit {proc.returncode})", file=sys.stderr)
+            return proc.returncode or 1
+        results[n] = json.loads(lines[-1])
+        r = results[n]
+        print(
+            f"  => {n} ranks: uniform {r['uniform_epoch_s']} s/epoch, dynamic "
+            f"{r['dynamic_epoch_s']} s, ideal {r['ideal_epoch_s']} s; speedup {r['speedup']}x "
+            f"(ideal {r['ideal_speedup']}x); adjustments to balance "
+            f"{r['adjustments_to_balance']}, intervals to rebalance "
+            f"{r['intervals_to_rebalance']}, steady adjustments {r['steady_adjustments']}; "
+            f"accuracy {100 * r['uniform_accuracy']:.1f}% vs {100 * r['dynamic_accuracy']:.1f}%",
+            flush=True,
+        )
+    top = dict(results.get(2) or next(iter(results.values())))
+    for n, r in results.items():
+        if n != top["ranks"]:
+            top[f"np{n}"] = {k: v for k, v in r.items() if not k.startswith("decisions")}
+    print(json.dumps(top), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    return launch(args, [a for a in argv if a != "--worker"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
