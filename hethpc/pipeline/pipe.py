@@ -16,6 +16,7 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.partition import partition_by_counts, partition_by_params, split_model
+from hethpc.pipeline.progress import SendProgress
 from hethpc.pipeline.schedule import FORWARD, make_schedule, stage_tasks
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -184,54 +185,51 @@ class Pipeline:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         rng: dict[int, Any] = {}
-        sends: list[comm.Request] = []
         loss_sum = torch.zeros((), dtype=torch.float64)
         busy = 0.0
         live = peak = 0
-        for task in self._tasks:
-            i = task.micro_batch
-            if task.kind == FORWARD:
-                if self.is_first:
-                    inp = xs[i].to(dev)  # type: ignore[union-attr]
-                else:
-                    inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
-                    if inp.is_floating_point():
-                        inp.requires_grad_(True)
-                t0 = time.perf_counter()
-                if self.checkpoint:
-                    rng[i] = _rng_state(dev)
-                    with torch.no_grad():
+        with SendProgress() as sends:
+            for task in self._tasks:
+                i = task.micro_batch
+                if task.kind == FORWARD:
+                    if self.is_first:
+                        inp = xs[i].to(dev)  # type: ignore[union-attr]
+                    else:
+                        inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
+                        if inp.is_floating_point():
+                            inp.requires_grad_(True)
+                    t0 = time.perf_counter()
+                    if self.checkpoint:
+                        rng[i] = _rng_state(dev)
+                        with torch.no_grad():
+                            out = self._forward(inp, ys[i], n, loss_fn)
+                    else:
                         out = self._forward(inp, ys[i], n, loss_fn)
+                    busy += self._elapsed(t0)
+                    if self.is_last:
+                        loss_sum += out.detach().to("cpu", torch.float64)
+                    else:
+                        sends.add(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
+                    inputs[i], outputs[i] = inp, out
+                    live += 1
+                    peak = max(peak, live)
                 else:
-                    out = self._forward(inp, ys[i], n, loss_fn)
-                busy += self._elapsed(t0)
-                if self.is_last:
-                    loss_sum += out.detach().to("cpu", torch.float64)
-                else:
-                    sends.append(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
-                inputs[i], outputs[i] = inp, out
-                live += 1
-                peak = max(peak, live)
-            else:
-                grad = None
-                if not self.is_last:
-                    grad = comm.recv_tensor(s + 1, tag=_tag(i, "B"), device=dev, group=g)
-                inp, out = inputs.pop(i), outputs.pop(i)
-                t0 = time.perf_counter()
-                if self.checkpoint:
-                    with _rng_restored(dev, rng.pop(i)):
-                        out = self._forward(inp, ys[i], n, loss_fn)
-                if out.requires_grad:
-                    torch.autograd.backward(out, grad)
-                busy += self._elapsed(t0)
-                del out
-                if not self.is_first:
-                    g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                    sends.append(comm.isend_tensor(g_in, s - 1, tag=_tag(i, "B"), group=g))
-                live -= 1
-            sends = [r for r in sends if not r.test()]
-        for r in sends:
-            r.wait()
+                    grad = None
+                    if not self.is_last:
+                        grad = comm.recv_tensor(s + 1, tag=_tag(i, "B"), device=dev, group=g)
+                    inp, out = inputs.pop(i), outputs.pop(i)
+                    t0 = time.perf_counter()
+                    if self.checkpoint:
+                        with _rng_restored(dev, rng.pop(i)):
+                            out = self._forward(inp, ys[i], n, loss_fn)
+                    if out.requires_grad:
+                        torch.autograd.backward(out, grad)
+                    busy += self._elapsed(t0)
+                    del out
+                    if not self.is_first:
+                        g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
+                        sends.add(comm.isend_tensor(g_in, s - 1, tag=_tag(i, "B"), group=g))
+                    live -= 1
         self._reduce_replicas(dp_weight)
         self.stats = StepStats(time.perf_counter() - t_start, busy, peak)
         return float(loss_sum) if self.is_last else None
@@ -246,19 +244,18 @@ class Pipeline:
         n = self._agree_batch(x, None, need_targets=False)
         g, dev, s = self.stage_group, self.device, self.stage
         xs = torch.tensor_split(x, self.micro_batches) if self.is_first and x is not None else None
-        outs, sends = [], []
-        for i in range(min(self.micro_batches, n)):
-            if xs is not None:
-                inp = xs[i].to(dev)
-            else:
-                inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
-            out = self.module(inp)
-            if self.is_last:
-                outs.append(out)
-            else:
-                sends.append(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
-        for r in sends:
-            r.wait()
+        outs = []
+        with SendProgress() as sends:
+            for i in range(min(self.micro_batches, n)):
+                if xs is not None:
+                    inp = xs[i].to(dev)
+                else:
+                    inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
+                out = self.module(inp)
+                if self.is_last:
+                    outs.append(out)
+                else:
+                    sends.add(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
         return torch.cat(outs) if self.is_last else None
 
     def _forward(
