@@ -26,7 +26,7 @@ from hethpc.comm.collectives import (
 )
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, new_group, world
-from hethpc.comm.p2p import Request, isend_tensor, recv_tensor, send_tensor
+from hethpc.comm.p2p import RecvRequest, Request, irecv_tensor, isend_tensor, recv_tensor, send_tensor
 from hethpc.comm.runtime import (
     abort,
     abort_on_exception,
@@ -41,6 +41,7 @@ from hethpc.comm.runtime import (
 __all__ = [
     "CommError",
     "Group",
+    "RecvRequest",
     "ReduceOp",
     "Request",
     "abort",
@@ -57,6 +58,7 @@ __all__ = [
     "grouped_allreduce",
     "grouped_allreduce_",
     "init",
+    "irecv_tensor",
     "is_initialized",
     "isend_tensor",
     "local_rank",

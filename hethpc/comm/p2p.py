@@ -127,3 +127,76 @@ def recv_tensor(
     if device is not None and torch.device(device).type != "cpu":
         out = out.to(device, non_blocking=False)
     return out
+
+
+class RecvRequest:
+    """A pending :func:`irecv_tensor`: :meth:`test` moves it on, :meth:`wait` returns the tensor.
+
+    Like an MPI request, use it from one thread at a time.
+    """
+
+    def __init__(self, comm: Any, source: int, tag: int, device: torch.device | str | None) -> None:
+        self._comm = comm
+        self._source = source
+        self._tag = tag
+        self._device = device
+        self._header = comm.irecv(source=source, tag=2 * tag)
+        self._payload: Any = None
+        self._out: torch.Tensor | None = None
+        self._shape: tuple[int, ...] = ()
+
+    def _post_payload(self, header: tuple[tuple[int, ...], str]) -> None:
+        shape, dtype_name = header
+        numel = 1
+        for s in shape:
+            numel *= s
+        self._shape = tuple(shape)
+        self._out = torch.empty(numel, dtype=_DTYPES[dtype_name])
+        self._payload = self._comm.Irecv(
+            self._out.view(torch.uint8).numpy(), source=self._source, tag=2 * self._tag + 1
+        )
+
+    def test(self) -> bool:
+        """Whether the tensor has fully arrived (does not block; makes progress)."""
+        if self._payload is None:
+            done, header = self._header.test()
+            if not done:
+                return False
+            self._post_payload(header)
+        return bool(self._payload.Test())
+
+    def wait(self) -> torch.Tensor:
+        """Block until the tensor has arrived; returns it (shape and dtype of the sender's)."""
+        if self._payload is None:
+            self._post_payload(self._header.wait())
+        self._payload.Wait()
+        assert self._out is not None
+        out = self._out.reshape(self._shape)
+        if self._device is not None and torch.device(self._device).type != "cpu":
+            out = out.to(self._device, non_blocking=False)
+        return out
+
+
+def irecv_tensor(
+    source: int,
+    *,
+    tag: int = 0,
+    device: torch.device | str | None = None,
+    group: Group | None = None,
+) -> RecvRequest:
+    """Start receiving a tensor sent by group rank ``source`` with the same ``tag``.
+
+    Posting receives early lets a large message arrive while this rank computes (when
+    something calls :meth:`RecvRequest.test` now and then), instead of when it asks for it.
+
+    Args:
+        source: the sender's rank in the group.
+        tag: must match the sender's.
+        device: where the result of :meth:`RecvRequest.wait` lives (default: CPU).
+
+    Raises:
+        CommError: ``source`` is not another rank of the group.
+    """
+    g = resolve(group)
+    _check_peer(g, source, "irecv_tensor")
+    return RecvRequest(g.mpi_comm, source, tag, device)

@@ -155,3 +155,48 @@ def test_send_recv_ring(world: tuple[int, int], dtype: torch.dtype, shape: tuple
     got = comm.recv_tensor((r - 1) % n, tag=7)
     req.wait()
     torch.testing.assert_close(got, make((r - 1) % n))
+
+
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [(torch.float32, (2, 3)), (torch.int64, ()), (torch.float64, (0, 4))],
+    ids=["f32-2x3", "i64-scalar", "f64-empty"],
+)
+def test_irecv_posted_before_the_send(
+    world: tuple[int, int], dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+
+    def make(k: int, tag: int) -> torch.Tensor:
+        full_shape = (shape[0] + k, *shape[1:]) if shape else ()
+        return torch.full(full_shape, 10 * k + tag, dtype=dtype)
+
+    # Two receives posted out of order, completed by tag, before any send exists.
+    reqs = {t: comm.irecv_tensor((r - 1) % n, tag=t) for t in (4, 3)}
+    comm.barrier()
+    sends = [comm.isend_tensor(make(r, t), (r + 1) % n, tag=t) for t in (3, 4)]
+    got = {t: q.wait() for t, q in reqs.items()}
+    for s in sends:
+        s.wait()
+    for t in (3, 4):
+        torch.testing.assert_close(got[t], make((r - 1) % n, t))
+
+
+def test_irecv_test_progresses_until_done(world: tuple[int, int]) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    big = torch.arange(300_000, dtype=torch.float32) + r  # above the eager limit: a rendezvous
+    req = comm.irecv_tensor((r - 1) % n, tag=9)
+    send = comm.isend_tensor(big, (r + 1) % n, tag=9)
+    while not (req.test() and send.test()):
+        pass
+    torch.testing.assert_close(req.wait(), torch.arange(300_000, dtype=torch.float32) + (r - 1) % n)
+
+
+def test_irecv_refuses_itself(world: tuple[int, int]) -> None:
+    r, n = world
+    with pytest.raises(comm.CommError, match="irecv_tensor"):
+        comm.irecv_tensor(r)
