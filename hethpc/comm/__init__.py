@@ -26,7 +26,14 @@ from hethpc.comm.collectives import (
 )
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, new_group, world
-from hethpc.comm.p2p import RecvRequest, Request, irecv_tensor, isend_tensor, recv_tensor, send_tensor
+from hethpc.comm.p2p import (
+    RecvRequest,
+    Request,
+    irecv_tensor,
+    isend_tensor,
+    recv_tensor,
+    send_tensor,
+)
 from hethpc.comm.runtime import (
     abort,
     abort_on_exception,
