@@ -32,7 +32,7 @@ from hethpc.models import build_model
 from hethpc.sync import make_policy
 
 METHODS = {
-    "iid": ["bsp", "selsync", "fedavg", "local"],
+    "iid": ["bsp", "selsync", "selsync-delta", "fedavg", "local"],
     "noniid": ["bsp", "fedavg", "selsync", "selsync+inject"],
 }
 
@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--setting", choices=["iid", "noniid", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="2 epochs on 5000 samples")
+    p.add_argument("--methods", default="", help="comma-separated subset of the methods to run")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80%% train)")
     p.add_argument("--batch", type=int, default=128, help="global batch")
@@ -84,10 +85,12 @@ def train_one(
     model(torch.from_numpy(train.x[:2]))  # materialise lazy layers
     comm.broadcast_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    name = method.split("+")[0]
+    name = method.split("+")[0].split("-")[0]
     kw: dict[str, Any] = {}
     if name == "selsync":
-        kw = {"threshold": args.threshold, "window": args.window}
+        # "selsync-delta": the published code's smoothing (EWMA of the raw norms' change).
+        smoothing = "delta" if method.startswith("selsync-delta") else "norm"
+        kw = {"threshold": args.threshold, "window": args.window, "smoothing": smoothing}
     elif name == "fedavg":
         kw = {"period": args.period}
     policy = make_policy(name, **kw)
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"ranks": size, "epochs": args.epochs, "seed": args.seed}
     for setting in settings:
         rows = []
-        for method in METHODS[setting]:
+        wanted = [m for m in args.methods.split(",") if m]
+        for method in [m for m in METHODS[setting] if not wanted or m in wanted]:
             row = train_one(method, setting, args, train, test)
             rows.append(row)
             if rank == 0:

@@ -167,3 +167,28 @@ def test_gradient_norm(grads: tuple[list[float] | None, ...], kind: str, expecte
 def test_gradient_norm_refuses_unknown_kind() -> None:
     with pytest.raises(ValueError, match="norm kind must be one of"):
         gradient_norm(_params([1.0]), kind="max")  # type: ignore[arg-type]
+
+
+def test_delta_smoothing_closed_form() -> None:
+    # The published code's variant: r_t = |g_t - g_(t-1)| / g_(t-1), D_t = EWMA(r);
+    # window 3: a = 0.5 and three warm-up steps. g = 0 makes the next r infinite: yes, not folded.
+    t = SignificanceTracker(threshold=0.3, window=3, smoothing="delta")
+    norms = [2.0, 3.0, 3.0, 3.0, 0.0, 1.0, 1.0]
+    deltas = [NAN, 0.5, 0.25, 0.125, 0.5625, INF, 0.28125]
+    votes = [True, True, True, False, True, True, False]
+    for k, g in enumerate(norms):
+        s = t.update(g)
+        assert _same(s.delta, deltas[k]), (k, s.delta)
+        assert s.vote == votes[k], k
+    resumed = SignificanceTracker(threshold=0.3, window=3, smoothing="delta")
+    resumed.load_state_dict(t.state_dict())
+    assert resumed.update(1.0).delta == t.update(1.0).delta
+
+
+def test_smoothing_must_match_on_resume() -> None:
+    with pytest.raises(ValueError, match="smoothing='delta'"):
+        SignificanceTracker(smoothing="norm").load_state_dict(
+            SignificanceTracker(smoothing="delta").state_dict()
+        )
+    with pytest.raises(ValueError, match="smoothing must be one of"):
+        SignificanceTracker(smoothing="both")  # type: ignore[arg-type]

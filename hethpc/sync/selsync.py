@@ -10,7 +10,7 @@ import torch
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_gradients_, average_model_
 from hethpc.sync.policy import Outcome, SyncPolicy
-from hethpc.sync.significance import NORM_KINDS, NormKind, SignificanceTracker
+from hethpc.sync.significance import NORM_KINDS, NormKind, SignificanceTracker, Smoothing
 
 Aggregation = Literal["params", "grads"]
 AGGREGATIONS: tuple[str, ...] = ("params", "grads")
@@ -33,6 +33,9 @@ class SelSync(SyncPolicy):
         aggregation: ``"params"`` or ``"grads"``; default ``"params"``.
         norm: ``"global"`` (L2 norm of all gradients) or ``"layer_sum"`` (sum of per-tensor
             norms, as the published code); default ``"global"``.
+        smoothing: ``"norm"`` (default: delta of the smoothed norm, as specified) or
+            ``"delta"`` (smoothed delta of the raw norms, as the published code); see
+            :class:`SignificanceTracker`.
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record.
 
@@ -49,6 +52,7 @@ class SelSync(SyncPolicy):
         window: int = 25,
         aggregation: Aggregation = "params",
         norm: NormKind = "global",
+        smoothing: Smoothing = "norm",
         group: Group | None = None,
         keep_records: bool = True,
     ) -> None:
@@ -59,7 +63,7 @@ class SelSync(SyncPolicy):
         if norm not in NORM_KINDS:
             raise ValueError(f"norm must be one of {list(NORM_KINDS)}, got {norm!r}")
         super().__init__(group=group, keep_records=keep_records)
-        self.tracker = SignificanceTracker(threshold=threshold, window=window)
+        self.tracker = SignificanceTracker(threshold=threshold, window=window, smoothing=smoothing)
         self.aggregation: Aggregation = aggregation
         self.norm: NormKind = norm
 

@@ -11,6 +11,8 @@ import torch
 
 NormKind = Literal["global", "layer_sum"]
 NORM_KINDS: tuple[str, ...] = ("global", "layer_sum")
+Smoothing = Literal["norm", "delta"]
+SMOOTHINGS: tuple[str, ...] = ("norm", "delta")
 
 
 def gradient_norm(parameters: Iterable[torch.nn.Parameter], *, kind: NormKind = "global") -> float:
@@ -80,16 +82,27 @@ class SignificanceTracker:
       ``S`` is therefore always finite, and a non-finite denominator cannot occur.
     - ``threshold == 0`` votes yes on every step (plain synchronous training).
 
+    ``smoothing="delta"`` is the variant of the published SelSync code: the relative change of
+    the RAW norms, ``r_t = |g_t - g_(t-1)| / g_(t-1)``, is smoothed instead (``D_t``, same
+    EWMA), and the vote is ``warmup or D_t >= threshold``; :attr:`Significance.delta` is then
+    ``D_t``. A non-finite ``r_t`` votes yes and is not folded into ``D``.
+
     Args:
         threshold: the relative change that makes a step significant; finite, ``>= 0``.
             Default 0.3 (the paper uses 0.3 and 0.5).
         window: the EWMA span and the warm-up length, in steps; ``>= 1``. Default 25.
+        smoothing: ``"norm"`` (default: the method as specified) or ``"delta"`` (the
+            published code).
 
     Raises:
-        ValueError: ``threshold`` or ``window`` is out of range.
+        ValueError: ``threshold``, ``window`` or ``smoothing`` is out of range.
     """
 
-    def __init__(self, *, threshold: float = 0.3, window: int = 25) -> None:
+    def __init__(
+        self, *, threshold: float = 0.3, window: int = 25, smoothing: Smoothing = "norm"
+    ) -> None:
+        if smoothing not in SMOOTHINGS:
+            raise ValueError(f"smoothing must be one of {list(SMOOTHINGS)}, got {smoothing!r}")
         threshold = float(threshold)
         if not math.isfinite(threshold) or threshold < 0:
             raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
@@ -100,6 +113,9 @@ class SignificanceTracker:
         self.alpha = 2.0 / (self.window + 1)
         self._count = 0  # observations so far, finite or not
         self._smoothed: float | None = None  # S_t; None before the first finite norm
+        self.smoothing: Smoothing = smoothing
+        self._last: float | None = None  # g_(t-1), the last finite norm ("delta" smoothing)
+        self._delta: float | None = None  # D_t ("delta" smoothing)
 
     @property
     def count(self) -> int:
@@ -127,9 +143,18 @@ class SignificanceTracker:
             return Significance(norm, self.smoothed, math.inf, warmup, True)
         cur = norm if prev is None else self.alpha * norm + (1.0 - self.alpha) * prev
         self._smoothed = cur
-        delta = relative_change(prev, cur)
-        vote = warmup or delta >= self.threshold
-        return Significance(norm, cur, delta, warmup, vote)
+        if self.smoothing == "norm":
+            delta = relative_change(prev, cur)
+            return Significance(norm, cur, delta, warmup, warmup or delta >= self.threshold)
+        raw = relative_change(self._last, norm)
+        self._last = norm
+        if math.isinf(raw):
+            return Significance(norm, cur, math.inf, warmup, True)
+        if not math.isnan(raw):
+            d = self._delta
+            self._delta = raw if d is None else self.alpha * raw + (1.0 - self.alpha) * d
+        delta = math.nan if self._delta is None else self._delta
+        return Significance(norm, cur, delta, warmup, warmup or delta >= self.threshold)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to decide as the uninterrupted tracker would."""
@@ -138,6 +163,9 @@ class SignificanceTracker:
             "window": self.window,
             "count": self._count,
             "smoothed": self._smoothed,
+            "smoothing": self.smoothing,
+            "last": self._last,
+            "delta": self._delta,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -155,8 +183,15 @@ class SignificanceTracker:
         count, smoothed = int(state["count"]), state["smoothed"]
         if count < 0 or (smoothed is not None and not (math.isfinite(smoothed) and smoothed >= 0)):
             raise ValueError(f"corrupt tracker state: count={count}, smoothed={smoothed}")
+        if state.get("smoothing", "norm") != self.smoothing:
+            raise ValueError(
+                f"tracker state was saved with smoothing={state.get('smoothing')!r}, but this "
+                f"tracker has smoothing={self.smoothing!r}; build it with the saved setting"
+            )
         self._count = count
         self._smoothed = None if smoothed is None else float(smoothed)
+        self._last = None if state.get("last") is None else float(state["last"])
+        self._delta = None if state.get("delta") is None else float(state["delta"])
 
 
 def relative_change(previous: float | None, current: float) -> float:
