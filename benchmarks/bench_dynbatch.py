@@ -179,6 +179,11 @@ def phase_figures(decisions: list[dict[str, Any]], start: int, end: int, tol: fl
     return first, sum(1 for d in ds[first + 1 :] if d["applied"])
 
 
+def brief(d: dict[str, Any]) -> list[Any]:
+    """A decision as ``[step, new sizes, applied, reason]``."""
+    return [d["step"], d["new_sizes"], d["applied"], d["reason"]]
+
+
 def worker(args: argparse.Namespace) -> None:
     comm.abort_on_exception()
     comm.init()
@@ -244,8 +249,8 @@ def worker(args: argparse.Namespace) -> None:
         "uniform_accuracy": round(acc_u, 4),
         "dynamic_accuracy": round(acc_d, 4),
         "accuracy_gap_points": round(100 * abs(acc_u - acc_d), 2),
-        "decisions_run2": [(d["step"], d["new_sizes"], d["applied"], d["reason"]) for d in dyn["decisions"]],
-        "decisions_run3": [(d["step"], d["new_sizes"], d["applied"], d["reason"]) for d in chg["decisions"]],
+        "decisions_run2": [brief(d) for d in dyn["decisions"]],
+        "decisions_run3": [brief(d) for d in chg["decisions"]],
     }
     if args.plot and comm.rank() == 0:
         plot(args.plot, chg, S, n)
