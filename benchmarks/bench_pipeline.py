@@ -31,7 +31,9 @@ from hethpc.pipeline import ActivationMeter, Pipeline, bubble_fraction  # noqa: 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--width", type=int, default=1024, help="width of each Linear layer")
     p.add_argument("--layers", type=int, default=2, help="Linear+ReLU blocks per half")
@@ -77,7 +79,9 @@ def time_single(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) 
     return out
 
 
-def time_pipeline(pipe: Pipeline, x: torch.Tensor, y: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
+def time_pipeline(
+    pipe: Pipeline, x: torch.Tensor, y: torch.Tensor, steps: int
+) -> tuple[list[float], list[float]]:
     opt = torch.optim.SGD(pipe.parameters(), lr=1e-4)
     times, idle = [], []
     for _ in range(steps):

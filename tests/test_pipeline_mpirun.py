@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.timeout(300)
 def test_pipeline_tests_pass_on_four_ranks() -> None:
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "mpi").glob("test_pipeline_*.py"))
+    found = (ROOT / "tests" / "mpi").glob("test_pipeline_*.py")
+    tests = sorted(str(p.relative_to(ROOT)) for p in found)
     assert tests, "no tests/mpi/test_pipeline_*.py found"
     proc = subprocess.run(
         [

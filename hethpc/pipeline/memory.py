@@ -65,4 +65,4 @@ class ActivationMeter:
 
 
 def _unpack(saved: Any) -> torch.Tensor:
-    return saved.tensor if isinstance(saved, _Saved) else saved  # type: ignore[no-any-return]
+    return saved.tensor if isinstance(saved, _Saved) else saved

@@ -71,7 +71,8 @@ def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
     for v in c:
         prefix.append(prefix[-1] + v)
     inf = float("inf")
-    # best[k][i]: smallest max-stage cost for the first i layers in k stages; cut[k][i]: start of stage k.
+    # best[k][i]: smallest max-stage cost of the first i layers in k stages;
+    # cut[k][i]: where stage k starts in that split.
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0

@@ -16,8 +16,8 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.partition import partition_by_counts, partition_by_params, split_model
-from hethpc.pipeline.progress import SendProgress
-from hethpc.pipeline.schedule import FORWARD, make_schedule, stage_tasks
+from hethpc.pipeline.progress import Lookahead, Progress
+from hethpc.pipeline.schedule import BACKWARD, FORWARD, make_schedule, stage_tasks
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -105,7 +105,9 @@ class Pipeline:
                 f"{stage_group.size} ranks; give one layer count per stage"
             )
         if not stage_group.is_member:
-            raise PipelineError(f"rank {comm.rank()} is not in the pipeline group {stage_group.ranks}")
+            raise PipelineError(
+                f"rank {comm.rank()} is not in the pipeline group {list(stage_group.ranks)}"
+            )
         if not 1 <= micro_batches <= MAX_MICRO_BATCHES:
             raise PipelineError(
                 f"micro_batches must be in 1..{MAX_MICRO_BATCHES}, got {micro_batches}"
@@ -188,14 +190,15 @@ class Pipeline:
         loss_sum = torch.zeros((), dtype=torch.float64)
         busy = 0.0
         live = peak = 0
-        with SendProgress() as sends:
+        with Progress() as net:
+            acts, grads = self._post_receives(net)
             for task in self._tasks:
                 i = task.micro_batch
                 if task.kind == FORWARD:
                     if self.is_first:
                         inp = xs[i].to(dev)  # type: ignore[union-attr]
                     else:
-                        inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
+                        inp = acts.take(i)  # type: ignore[union-attr]
                         if inp.is_floating_point():
                             inp.requires_grad_(True)
                     t0 = time.perf_counter()
@@ -209,14 +212,14 @@ class Pipeline:
                     if self.is_last:
                         loss_sum += out.detach().to("cpu", torch.float64)
                     else:
-                        sends.add(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
+                        net.send(out, s + 1, tag=_tag(i, FORWARD), group=g)
                     inputs[i], outputs[i] = inp, out
                     live += 1
                     peak = max(peak, live)
                 else:
                     grad = None
                     if not self.is_last:
-                        grad = comm.recv_tensor(s + 1, tag=_tag(i, "B"), device=dev, group=g)
+                        grad = grads.take(i)  # type: ignore[union-attr]
                     inp, out = inputs.pop(i), outputs.pop(i)
                     t0 = time.perf_counter()
                     if self.checkpoint:
@@ -228,7 +231,7 @@ class Pipeline:
                     del out
                     if not self.is_first:
                         g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                        sends.add(comm.isend_tensor(g_in, s - 1, tag=_tag(i, "B"), group=g))
+                        net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
                     live -= 1
         self._reduce_replicas(dp_weight)
         self.stats = StepStats(time.perf_counter() - t_start, busy, peak)
@@ -245,7 +248,7 @@ class Pipeline:
         g, dev, s = self.stage_group, self.device, self.stage
         xs = torch.tensor_split(x, self.micro_batches) if self.is_first and x is not None else None
         outs = []
-        with SendProgress() as sends:
+        with Progress() as net:
             for i in range(min(self.micro_batches, n)):
                 if xs is not None:
                     inp = xs[i].to(dev)
@@ -255,15 +258,30 @@ class Pipeline:
                 if self.is_last:
                     outs.append(out)
                 else:
-                    sends.add(comm.isend_tensor(out, s + 1, tag=_tag(i, FORWARD), group=g))
+                    net.send(out, s + 1, tag=_tag(i, FORWARD), group=g)
         return torch.cat(outs) if self.is_last else None
+
+    def _post_receives(self, net: Progress) -> tuple[Lookahead | None, Lookahead | None]:
+        """Post this stage's receives ahead: activations from the left, gradients from the right."""
+        depth = self.stages + 1  # enough to cover 1F1B's warm-up; bounded so memory stays flat
+        acts = grads = None
+        kw: dict[str, Any] = {"device": self.device, "group": self.stage_group, "depth": depth}
+        if not self.is_first:
+            order = [t.micro_batch for t in self._tasks if t.kind == FORWARD]
+            tags = {i: _tag(i, FORWARD) for i in order}
+            acts = Lookahead(net, order, tags, source=self.stage - 1, **kw)
+        if not self.is_last:
+            order = [t.micro_batch for t in self._tasks if t.kind == BACKWARD]
+            tags = {i: _tag(i, BACKWARD) for i in order}
+            grads = Lookahead(net, order, tags, source=self.stage + 1, **kw)
+        return acts, grads
 
     def _forward(
         self, inp: torch.Tensor, target: torch.Tensor | None, n: int, loss_fn: LossFn
     ) -> torch.Tensor:
         out = self.module(inp)
         if not self.is_last:
-            return out  # type: ignore[no-any-return]
+            return out
         assert target is not None
         return loss_fn(out, target.to(self.device)) * (inp.shape[0] / n)
 

@@ -1,53 +1,72 @@
-"""Keep point-to-point sends moving while the stage computes.
+"""Keep point-to-point transfers moving while the stage computes.
 
-Large MPI messages use a rendezvous: the sender's data moves only while the sender is inside
-an MPI call. A stage that starts a send and then computes for a whole micro-batch would hold
-its neighbour back by that long; a light thread that tests the pending sends every
-``interval`` seconds (sleeping, not spinning, in between) lets them finish within that time.
+Large MPI messages use a rendezvous: data moves only while both sides are inside MPI calls.
+A stage that posts a send and then computes for a whole micro-batch would hold its neighbour
+back by that long. Here receives are posted ahead of need, and a light thread tests every
+pending transfer each ``interval`` seconds (sleeping, not spinning, in between), so a
+message usually has arrived by the time its stage asks for it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from types import TracebackType
 
-from hethpc.comm import Request
+import torch
+
+from hethpc import comm
+from hethpc.comm import Group, RecvRequest, Request
 
 
-class SendProgress:
-    """Context manager: sends given to :meth:`add` progress in the background; all are
-    complete when the block exits.
+class Progress:
+    """Context manager: tracks sends and pre-posted receives, progressing them in the
+    background; every send is complete when the block exits without an error.
 
     Args:
-        interval: seconds between tests of the pending sends.
+        interval: seconds between tests of the pending transfers.
     """
 
     def __init__(self, *, interval: float = 0.0005) -> None:
         self.interval = interval
-        self._pending: list[Request] = []
-        self._lock = threading.Lock()
+        self._sends: list[Request] = []
+        self._recvs: list[RecvRequest] = []
+        self._lock = threading.Lock()  # MPI requests are used by one thread at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, request: Request) -> None:
-        """Track ``request`` until it completes."""
+    def send(self, tensor: torch.Tensor, dest: int, *, tag: int, group: Group) -> None:
+        """Start sending ``tensor`` to group rank ``dest``."""
         with self._lock:
-            self._pending.append(request)
+            self._sends.append(comm.isend_tensor(tensor, dest, tag=tag, group=group))
 
-    @property
-    def pending(self) -> int:
-        """Sends not yet known to be complete."""
+    def post(
+        self, source: int, *, tag: int, device: torch.device, group: Group
+    ) -> RecvRequest:
+        """Post a receive now; :meth:`take` it later."""
         with self._lock:
-            return len(self._pending)
+            req = comm.irecv_tensor(source, tag=tag, device=device, group=group)
+            self._recvs.append(req)
+        return req
+
+    def take(self, request: RecvRequest) -> torch.Tensor:
+        """Wait for a posted receive and return its tensor."""
+        with self._lock:
+            # A blocking wait drives MPI's progress for every pending request, sends included.
+            out = request.wait()
+            self._recvs.remove(request)
+        return out
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
-                self._pending = [r for r in self._pending if not r.test()]
+                self._sends = [r for r in self._sends if not r.test()]
+                for r in self._recvs:
+                    r.test()
 
-    def __enter__(self) -> SendProgress:
+    def __enter__(self) -> Progress:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="hethpc-send-progress", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hethpc-p2p-progress", daemon=True)
         self._thread.start()
         return self
 
@@ -61,8 +80,60 @@ class SendProgress:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        with self._lock:
-            pending, self._pending = self._pending, []
+        sends, self._sends = self._sends, []
         if exc_type is None:
-            for r in pending:
+            if self._recvs:
+                raise RuntimeError(f"{len(self._recvs)} posted receives were never taken")
+            for r in sends:
                 r.wait()
+        self._recvs = []
+
+
+class Lookahead:
+    """Receives of one direction, posted up to ``depth`` ahead of the order they are needed in.
+
+    Args:
+        progress: where the receives are posted.
+        order: micro-batches in the order this stage consumes them.
+        tag_of: the message tag of each micro-batch.
+        source: the sending group rank.
+        device: where received tensors go.
+        group: the pipeline's group.
+        depth: receives kept posted ahead.
+    """
+
+    def __init__(
+        self,
+        progress: Progress,
+        order: Sequence[int],
+        tag_of: dict[int, int],
+        *,
+        source: int,
+        device: torch.device,
+        group: Group,
+        depth: int,
+    ) -> None:
+        self._progress = progress
+        self._order = list(order)
+        self._tag_of = tag_of
+        self._device = device
+        self._group = group
+        self._source = source
+        self._posted: dict[int, RecvRequest] = {}
+        self._next = 0
+        for _ in range(depth):
+            self._post_next()
+
+    def _post_next(self) -> None:
+        if self._next < len(self._order):
+            i = self._order[self._next]
+            self._posted[i] = self._progress.post(
+                self._source, tag=self._tag_of[i], device=self._device, group=self._group
+            )
+            self._next += 1
+
+    def take(self, micro_batch: int) -> torch.Tensor:
+        """The tensor of ``micro_batch`` (which must be the next one in ``order``)."""
+        req = self._posted.pop(micro_batch)
+        self._post_next()
+        return self._progress.take(req)

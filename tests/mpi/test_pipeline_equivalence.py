@@ -53,7 +53,8 @@ def make_batch(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def groups_for(stages: int, replicas: int) -> PipelineGroups:
     if stages * replicas != comm.size():
-        pytest.skip(f"P={stages} x D={replicas} needs {stages * replicas} ranks, world has {comm.size()}")
+        need = stages * replicas
+        pytest.skip(f"P={stages} x D={replicas} needs {need} ranks, world has {comm.size()}")
     if stages not in _groups:
         _groups[stages] = make_pipeline_groups(stages)
     return _groups[stages]
