@@ -1,0 +1,70 @@
+"""MNIST-1D, generated locally by the ``mnist1d`` package (no download), cached as ``.npz``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """A labelled data set held in memory.
+
+    Attributes:
+        x: samples, shape ``[n, *sample_shape]``, float32.
+        y: labels, shape ``[n]``, int64.
+        num_classes: number of distinct labels.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def load_mnist1d(
+    *, num_samples: int = 50_000, seed: int = 42, cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """Generate (or load from the cache) MNIST-1D; returns ``(train, test)`` with an 80/20 split.
+
+    Args:
+        num_samples: train + test samples to generate.
+        seed: the generator's seed; the same seed gives the same data on every rank.
+        cache_dir: where to keep ``mnist1d-<n>-<seed>.npz``; None generates without caching.
+    """
+    if num_samples < 10:
+        raise ValueError(f"num_samples must be at least 10, got {num_samples}")
+    path = Path(cache_dir) / f"mnist1d-{num_samples}-{seed}.npz" if cache_dir else None
+    if path is not None and path.exists():
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+    else:
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()
+        args.num_samples = num_samples
+        args.seed = seed
+        d = make_dataset(args)
+        arrays = {
+            "x": d["x"].astype(np.float32),
+            "y": d["y"].astype(np.int64),
+            "x_test": d["x_test"].astype(np.float32),
+            "y_test": d["y_test"].astype(np.int64),
+        }
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Write under a temporary name, then rename: concurrent ranks never see half a file.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+    return (
+        ArrayDataset(arrays["x"], arrays["y"], 10),
+        ArrayDataset(arrays["x_test"], arrays["y_test"], 10),
+    )
