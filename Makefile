@@ -14,7 +14,7 @@ setup:
 ## The README's main command: 2 ranks (rank 1 emulated 2x slower) train on label-skewed
 ## MNIST-1D with injection, dynamic batching and SelSync (jobs/demo.toml); then the plots.
 demo: setup
-	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
+	OMPI_MCA_mpi_yield_when_idle=1 $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
 	$(PY) jobs/report.py runs/demo
 
 ## The README's test command: single-process tests, then the distributed ones on 2 and 3 ranks.

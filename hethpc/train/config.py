@@ -82,6 +82,7 @@ class TrainConfig:
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
     schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe"))
     # Reliability and output
+    eval_every: int = _f(1, "epochs between test evaluations on rank 0 (0: only at the end)")
     run_dir: str = _f("runs/latest", "run directory: metrics, checkpoints, summary")
     checkpoint_every: int = _f(0, "steps between checkpoints (0: only at the end)")
     keep_checkpoints: int = _f(3, "checkpoints kept on disk (older ones are deleted)")
@@ -115,7 +116,14 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every", "watchdog_s", "lr", "threshold"):
+        for name in (
+            "max_steps",
+            "checkpoint_every",
+            "eval_every",
+            "watchdog_s",
+            "lr",
+            "threshold",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("inject_alpha", "inject_beta"):

@@ -151,7 +151,10 @@ def train(
             "--pipeline-stages > 1 is not wired into jobs/train.py yet; use hethpc.pipeline "
             "directly (see benchmarks/bench_pipeline.py) or run with --pipeline-stages 1"
         )
-    torch.use_deterministic_algorithms(True)
+    if torch.cuda.is_available():
+        # CPU kernels used here are deterministic already; on CPU this call would only cost
+        # seconds of imports (it loads torch._inductor).
+        torch.use_deterministic_algorithms(True)
     run_dir = Path(cfg.run_dir)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     refusal = ""
@@ -290,7 +293,7 @@ def train(
                     step=step,
                     epoch=step // spe,
                     time=now,
-                    loss=float(loss),
+                    loss=float(loss.detach()),
                     acc=acc,
                     batch=b,
                     compute_s=compute_s,
@@ -302,13 +305,15 @@ def train(
                 )
                 if bar is not None:
                     bar.set_postfix(
-                        loss=f"{float(loss):.3f}",
+                        loss=f"{float(loss.detach()):.3f}",
                         acc=f"{acc:.2f}",
                         sps=f"{seen / (time.perf_counter() - t0):,.0f}",
                         refresh=False,
                     )
                     bar.update(1)
-                if (step + 1) % spe == 0 and rank == 0:
+                epoch_done = (step + 1) % spe == 0
+                every = cfg.eval_every * spe
+                if epoch_done and rank == 0 and every and (step + 1) % every == 0:
                     test_acc = evaluate(model, test_set)
                     metrics.write(
                         "epoch", step=step, epoch=step // spe, time=now, test_acc=test_acc
