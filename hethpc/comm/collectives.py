@@ -111,7 +111,9 @@ def allreduce(
     Args:
         tensor: any shape; the same shape and dtype on every rank.
         op: how to combine (Horovod's Sum, Average, Min, Max).
-        prescale: each rank's tensor is multiplied by this before the reduction.
+        prescale: each rank's tensor is multiplied by this before the reduction, inside
+            Horovod's fused buffer. It must be the same on every rank (Horovod refuses
+            mismatched factors); for per-rank weights, scale the tensor before the call.
         group: the ranks taking part (default: the world).
         name: a name for Horovod's timeline and error messages. Calls are blocking, so a fixed
             default name is safe, and it lets Horovod's response cache reuse its entries.
