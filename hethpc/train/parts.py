@@ -35,9 +35,7 @@ def make_loader(
         else {"alpha": cfg.dirichlet_alpha}
     )
     name = "label_skew" if cfg.partition == "labels" else cfg.partition
-    idx = make_partitioner(name, **kw).indices(
-        labels_of(train), world_size, rank, cfg.seed
-    )
+    idx = make_partitioner(name, **kw).indices(labels_of(train), world_size, rank, cfg.seed)
     return Loader(
         train, rank=rank, world_size=world_size, mode="partition", indices=idx, seed=cfg.seed
     )
