@@ -16,6 +16,7 @@ from hethpc.pipeline import (
     Pipeline,
     PipelineError,
     PipelineGroups,
+    build_pipeline,
     make_pipeline_groups,
 )
 
@@ -222,3 +223,23 @@ def test_bad_batch_raises_on_every_rank(
 def test_balance_must_match_the_pipeline() -> None:
     with pytest.raises(PipelineError, match="one layer count per stage"):
         Pipeline(make_model(), balance=(1,) * 7, micro_batches=2, stage_group=comm.world())
+
+
+@pytest.mark.parametrize(
+    "stages_of", [pytest.param("world", id="P=world"), pytest.param("one", id="P=1")]
+)
+def test_build_pipeline_over_the_world(stages_of: str) -> None:
+    stages = comm.size() if stages_of == "world" else 1
+    if stages > len(make_model()):
+        pytest.skip("more ranks than layers")
+    pipe = build_pipeline(make_model(), stages=stages, micro_batches=2)
+    assert sum(pipe.balance) == len(make_model()) and len(pipe.balance) == stages
+    replicas = comm.size() // stages
+    x, y = make_batch(6 * replicas)
+    d = comm.rank() // stages
+    pipe.train_step(x[6 * d : 6 * d + 6], y[6 * d : 6 * d + 6], nn.functional.cross_entropy)
+    _, ref = reference_grads(x, y)
+    for k, g in stage_grads(pipe).items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(PipelineError, match="divide the world size"):
+        build_pipeline(make_model(), stages=comm.size() + 1, micro_batches=2)
