@@ -126,8 +126,9 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             t, idle = time_pipeline(pipe, x, y, args.steps)
             pipe_t[s] += t
             pipe_idle[s] += idle
-        say(f"round {r + 1}/{args.rounds}: single {B / statistics.median(single_t):.1f} samples/s, "
-            + ", ".join(f"{s} {B / statistics.median(t):.1f} samples/s" for s, t in pipe_t.items()))
+        rates = [("single", single_t), *pipe_t.items()]
+        say(f"round {r + 1}/{args.rounds} (rank 0): "
+            + ", ".join(f"{k} {B / statistics.median(t):.1f} samples/s" for k, t in rates))
     # Every rank's medians, combined on every rank.
     mine = {
         "single": statistics.median(single_t),
@@ -135,6 +136,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         **{f"idle_{s}": statistics.mean(v) for s, v in pipe_idle.items()},
     }
     all_ranks = comm.allgather_object(mine)
+    # One rank's throughput: the mean rank's; the pipeline goes at its slowest rank's pace.
     single_s = statistics.mean(d["single"] for d in all_ranks)
     step_s = {s: max(d[s] for d in all_ranks) for s in pipes}
     idle = {s: statistics.mean(d[f"idle_{s}"] for d in all_ranks) for s in pipes}
