@@ -32,9 +32,22 @@ from hethpc.models import build_model
 from hethpc.sync import make_policy
 
 METHODS = {
-    "iid": ["bsp", "selsync", "selsync-delta", "fedavg", "local"],
+    "iid": ["bsp", "selsync", "selsync:previous", "fedavg", "local"],
     "noniid": ["bsp", "fedavg", "selsync", "selsync+inject"],
 }
+# Every SelSync variant the experiment knows: "selsync" (the default criterion),
+# "selsync:<criterion>" (another significance criterion, see SignificanceTracker), "+bound" (a
+# staleness bound: at most --max-local-steps local steps in a row), "+inject" (data injection).
+VARIANTS = [
+    "selsync:window",
+    "selsync:last_sync",
+    "selsync:previous",
+    "selsync:delta",
+    "selsync:delta_mean",
+    "selsync:last_sync+bound",
+    "selsync:previous+bound",
+    "selsync:window+bound",
+]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--setting", choices=["iid", "noniid", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="2 epochs on 5000 samples")
-    p.add_argument("--methods", default="", help="comma-separated subset of the methods to run")
+    p.add_argument(
+        "--methods",
+        default="",
+        help="comma-separated methods to run instead of the setting's table, e.g. "
+        "'selsync,selsync:previous,selsync:window+bound'; 'variants' runs every SelSync variant",
+    )
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80%% train)")
     p.add_argument("--batch", type=int, default=128, help="global batch")
@@ -55,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, default=0.3, help="SelSync threshold")
     p.add_argument("--window", type=int, default=25, help="SelSync EWMA window")
     p.add_argument("--period", type=int, default=10, help="FedAvg steps between averages")
+    p.add_argument(
+        "--max-local-steps", type=int, default=25, help="SelSync '+bound': staleness bound"
+    )
     p.add_argument("--labels-per-rank", type=int, default=2, help="non-IID label skew")
     p.add_argument("--alpha", type=float, default=0.5, help="injection: fraction of senders")
     p.add_argument("--beta", type=float, default=0.5, help="injection: fraction of a batch sent")
@@ -85,12 +106,15 @@ def train_one(
     model(torch.from_numpy(train.x[:2]))  # materialise lazy layers
     comm.broadcast_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    name = method.split("+")[0].split("-")[0]
+    base, *extras = method.split("+")
+    name, _, criterion = base.partition(":")
     kw: dict[str, Any] = {}
     if name == "selsync":
-        # "selsync-delta": the published code's smoothing (EWMA of the raw norms' change).
-        smoothing = "delta" if method.startswith("selsync-delta") else "norm"
-        kw = {"threshold": args.threshold, "window": args.window, "smoothing": smoothing}
+        kw = {"threshold": args.threshold, "window": args.window}
+        if criterion:
+            kw["criterion"] = criterion
+        if "bound" in extras:
+            kw["max_local_steps"] = args.max_local_steps
     elif name == "fedavg":
         kw = {"period": args.period}
     policy = make_policy(name, **kw)
@@ -104,9 +128,7 @@ def train_one(
         loader = Loader(
             train, rank=rank, world_size=size, mode="partition", indices=idx, seed=args.seed
         )
-    injector = (
-        Injector(args.alpha, args.beta, seed=args.seed) if method.endswith("+inject") else None
-    )
+    injector = Injector(args.alpha, args.beta, seed=args.seed) if "inject" in extras else None
     if injector is not None:
         sizes = np.array([injector.local_batch(int(b)) for b in sizes], dtype=np.int64)
     steps = len(train) // args.batch
@@ -133,6 +155,7 @@ def train_one(
         "test_acc": round(100 * evaluate(model, test), 2),
         "rank0_replica_acc": round(100 * before, 2),
         "sync_fraction": round(s.sync_fraction, 4),
+        "forced_fraction": round(getattr(policy, "forced_syncs", 0) / max(s.steps, 1), 4),
         "bytes_vs_bsp": round(s.bytes_vs_bsp, 4),
         "steps": s.steps,
         "wall_s": round(wall, 1),
@@ -162,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"ranks": size, "epochs": args.epochs, "seed": args.seed}
     for setting in settings:
         rows = []
-        wanted = [m for m in args.methods.split(",") if m]
-        for method in [m for m in METHODS[setting] if not wanted or m in wanted]:
+        wanted = [v for m in args.methods.split(",") if m for v in VARIANTS if m == "variants"]
+        wanted = [m for m in args.methods.split(",") if m and m != "variants"] + wanted
+        for method in wanted or METHODS[setting]:
             row = train_one(method, setting, args, train, test)
             rows.append(row)
             if rank == 0:
@@ -172,14 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"\n{setting.upper()} ({size} ranks, {args.epochs} epochs)")
             print(
-                "| method | test acc % | rank-0 replica before final avg % | steps synced | "
-                "bytes vs BSP | wall s |"
+                "| method | test acc % | rank-0 replica before final avg % | steps synced "
+                "(of which forced by the bound) | bytes vs BSP | wall s |"
             )
             print("| --- | --- | --- | --- | --- | --- |")
             for r in rows:
                 print(
                     f"| {r['method']} | {r['test_acc']:.2f} | {r['rank0_replica_acc']:.2f} | "
-                    f"{100 * r['sync_fraction']:.1f} % | {r['bytes_vs_bsp']:.3f} | {r['wall_s']} |"
+                    f"{100 * r['sync_fraction']:.1f} % ({100 * r['forced_fraction']:.1f} %) | "
+                    f"{r['bytes_vs_bsp']:.3f} | {r['wall_s']} |"
                 )
             print(flush=True)
     if rank == 0:

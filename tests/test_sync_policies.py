@@ -55,8 +55,21 @@ def test_make_policy(name: str, kwargs: dict[str, object], cls: type[SyncPolicy]
         ("selsync", {"aggregation": "both"}, ValueError, "aggregation must be one of"),
         ("selsync", {"norm": "max"}, ValueError, "norm must be one of"),
         ("selsync", {"threshold": -1}, ValueError, "threshold must be a finite number"),
+        ("selsync", {"criterion": "norm"}, ValueError, "criterion must be one of"),
+        ("selsync", {"max_local_steps": -1}, ValueError, "max_local_steps must be None or"),
+        ("selsync", {"max_local_steps": 2.5}, ValueError, "max_local_steps must be None or"),
     ],
-    ids=["unknown", "foreign-setting", "fedavg-period", "aggregation", "norm", "threshold"],
+    ids=[
+        "unknown",
+        "foreign-setting",
+        "fedavg-period",
+        "aggregation",
+        "norm",
+        "threshold",
+        "criterion",
+        "negative-bound",
+        "fractional-bound",
+    ],
 )
 def test_make_policy_refuses(
     name: str, kwargs: dict[str, object], error: type[Exception], match: str
@@ -77,7 +90,7 @@ def test_bsp_in_one_process_is_plain_sgd() -> None:
 
 
 def test_selsync_records_and_summary() -> None:
-    policy = SelSync(threshold=0.3, window=2)
+    policy = SelSync(threshold=0.3, window=2, criterion="previous")
     _run(policy, [1.0, 1.0, 1.0, 5.0, 5.0])
     recs = policy.records
     assert [r.step for r in recs] == [0, 1, 2, 3, 4]
@@ -96,6 +109,48 @@ def test_selsync_records_and_summary() -> None:
     assert s.bsp_bytes == 5 * nbytes
     assert s.bytes_vs_bsp == pytest.approx(3 * (nbytes + buffers) / (5 * nbytes))
     assert recs[2].as_dict()["decision"] == "LOCAL"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "decisions", "deltas"),
+    [
+        # window 2 (a = 2/3): S = 1, 1, 1, 11/3, 41/9; delta against S two steps back (= 1).
+        ({}, ["SYNC", "SYNC", "LOCAL", "SYNC", "SYNC"], [0.0, 0.0, 8 / 3, 32 / 9]),
+        # against S at the last sync: 1 until step 3 syncs, then 11/3.
+        (
+            {"criterion": "last_sync"},
+            ["SYNC", "SYNC", "LOCAL", "SYNC", "LOCAL"],
+            [0.0, 0.0, 8 / 3, (41 / 9 - 11 / 3) / (11 / 3)],
+        ),
+    ],
+    ids=["window-default", "last-sync"],
+)
+def test_selsync_criteria_decide(
+    kwargs: dict[str, object], decisions: list[str], deltas: list[float]
+) -> None:
+    policy = SelSync(threshold=0.3, window=2, **kwargs)  # type: ignore[arg-type]
+    _run(policy, [1.0, 1.0, 1.0, 5.0, 5.0])
+    assert [r.decision for r in policy.records] == decisions
+    assert [r.delta for r in policy.records[1:]] == pytest.approx(deltas)
+
+
+@pytest.mark.parametrize(
+    ("bound", "decisions", "forced"),
+    [
+        (None, "SLLLLLL", 0),
+        (2, "SLLSLLS", 2),
+        (1, "SLSLSLS", 3),
+        (0, "SSSSSSS", 6),
+    ],
+    ids=["none", "two", "one", "zero-is-bsp"],
+)
+def test_staleness_bound(bound: int | None, decisions: str, forced: int) -> None:
+    # window 1 and a constant norm: only the warm-up step votes; the bound forces the rest.
+    policy = SelSync(window=1, max_local_steps=bound)
+    _run(policy, [1.0] * 7)
+    assert "".join(r.decision[0] for r in policy.records) == decisions
+    assert [r.votes for r in policy.records] == [1] + [0] * 6
+    assert policy.forced_syncs == forced
 
 
 def test_layer_sum_norm_is_recorded() -> None:
@@ -152,9 +207,11 @@ def test_full_weight_in_one_process() -> None:
     [
         lambda: SelSync(threshold=0.3, window=3),
         lambda: SelSync(threshold=0.3, window=3, aggregation="grads"),
+        lambda: SelSync(threshold=0.3, window=3, criterion="last_sync"),
+        lambda: SelSync(threshold=0.3, window=3, criterion="previous", max_local_steps=2),
         lambda: FedAvg(period=4),
     ],
-    ids=["selsync", "selsync-grads", "fedavg"],
+    ids=["selsync", "selsync-grads", "selsync-last-sync", "selsync-bound", "fedavg"],
 )
 def test_resume_decides_as_uninterrupted(make: object) -> None:
     scales = [1.0, 1.1, 0.9, 1.0, 3.0, 3.2, 3.1, 0.4, 0.5, 0.5, 2.0, 2.0]
@@ -173,3 +230,8 @@ def test_resume_decides_as_uninterrupted(make: object) -> None:
 def test_load_state_dict_refuses_another_policy() -> None:
     with pytest.raises(SyncError, match="saved by policy 'bsp'"):
         SelSync().load_state_dict(BSP().state_dict())
+
+
+def test_load_state_dict_refuses_another_bound() -> None:
+    with pytest.raises(ValueError, match="saved with max_local_steps=5"):
+        SelSync().load_state_dict(SelSync(max_local_steps=5).state_dict())

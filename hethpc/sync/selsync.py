@@ -10,7 +10,13 @@ import torch
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_gradients_, average_model_
 from hethpc.sync.policy import Outcome, SyncPolicy
-from hethpc.sync.significance import NORM_KINDS, NormKind, SignificanceTracker, Smoothing
+from hethpc.sync.significance import (
+    DEFAULT_CRITERION,
+    NORM_KINDS,
+    Criterion,
+    NormKind,
+    SignificanceTracker,
+)
 
 Aggregation = Literal["params", "grads"]
 AGGREGATIONS: tuple[str, ...] = ("params", "grads")
@@ -33,9 +39,14 @@ class SelSync(SyncPolicy):
         aggregation: ``"params"`` or ``"grads"``; default ``"params"``.
         norm: ``"global"`` (L2 norm of all gradients) or ``"layer_sum"`` (sum of per-tensor
             norms, as the published code); default ``"global"``.
-        smoothing: ``"norm"`` (default: delta of the smoothed norm, as specified) or
-            ``"delta"`` (smoothed delta of the raw norms, as the published code); see
-            :class:`SignificanceTracker`.
+        criterion: which relative change of the norm is compared with ``threshold``:
+            ``"window"`` (default: the smoothed norm over the last ``window`` steps),
+            ``"last_sync"``, ``"previous"`` (the issue's literal ``|S_t - S_(t-1)| / S_(t-1)``),
+            ``"delta"``, ``"delta_mean"``; see :class:`SignificanceTracker`.
+        max_local_steps: a staleness bound: synchronise anyway after this many local steps in
+            a row (all ranks count the same steps, so they agree; 0 is BSP). None (default):
+            no bound, the votes alone decide. Syncs that no rank voted for are counted in
+            :attr:`forced_syncs`.
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record.
 
@@ -52,7 +63,8 @@ class SelSync(SyncPolicy):
         window: int = 25,
         aggregation: Aggregation = "params",
         norm: NormKind = "global",
-        smoothing: Smoothing = "norm",
+        criterion: Criterion = DEFAULT_CRITERION,
+        max_local_steps: int | None = None,
         group: Group | None = None,
         keep_records: bool = True,
     ) -> None:
@@ -62,8 +74,19 @@ class SelSync(SyncPolicy):
             )
         if norm not in NORM_KINDS:
             raise ValueError(f"norm must be one of {list(NORM_KINDS)}, got {norm!r}")
+        if max_local_steps is not None and (
+            isinstance(max_local_steps, bool)
+            or int(max_local_steps) != max_local_steps
+            or max_local_steps < 0
+        ):
+            raise ValueError(
+                f"max_local_steps must be None or an integer >= 0, got {max_local_steps!r}"
+            )
         super().__init__(group=group, keep_records=keep_records)
-        self.tracker = SignificanceTracker(threshold=threshold, window=window, smoothing=smoothing)
+        self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
+        self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
+        self.forced_syncs = 0  # syncs that only the staleness bound asked for
+        self._local_run = 0  # local steps since the last sync (equal on every rank)
         self.aggregation: Aggregation = aggregation
         self.norm: NormKind = norm
 
@@ -80,9 +103,17 @@ class SelSync(SyncPolicy):
         weight: float | None,
     ) -> Outcome:
         sig = self.tracker.update(norm)
+        # Every rank counts the same local steps, so ``stale`` is the same everywhere.
+        stale = self.max_local_steps is not None and self._local_run >= self.max_local_steps
         t0 = time.perf_counter()
         votes = agree(sig.vote, weight, group=self.group)
-        synced = votes > 0
+        synced = votes > 0 or stale
+        if synced:
+            self.tracker.synced()
+            self.forced_syncs += int(votes == 0)
+            self._local_run = 0
+        else:
+            self._local_run += 1
         nbytes = 0
         if synced and self.aggregation == "grads":
             nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
@@ -104,8 +135,22 @@ class SelSync(SyncPolicy):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "tracker": self.tracker.state_dict()}
+        return {
+            **super().state_dict(),
+            "tracker": self.tracker.state_dict(),
+            "max_local_steps": self.max_local_steps,
+            "local_run": self._local_run,
+            "forced_syncs": self.forced_syncs,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("max_local_steps") != self.max_local_steps:
+            raise ValueError(
+                f"SelSync state was saved with max_local_steps={state.get('max_local_steps')}, "
+                f"but this policy has max_local_steps={self.max_local_steps}; build it with the "
+                "saved setting"
+            )
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
+        self._local_run = int(state["local_run"])
+        self.forced_syncs = int(state["forced_syncs"])

@@ -3,6 +3,8 @@ weighted averages in closed form, and the same error on every rank for bad weigh
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -66,6 +68,45 @@ def test_one_yes_vote_synchronises_every_rank(world: tuple[int, int]) -> None:
     assert [r.votes for r in recs] == [n, 0, 0, 1, 1, 0, 0]
     decisions = comm.allgather_object([rec.synced for rec in recs])
     assert all(d == decisions[0] for d in decisions)
+
+
+def test_a_sync_moves_every_ranks_reference(world: tuple[int, int]) -> None:
+    r, n = world
+    if n < 2:
+        pytest.skip("needs a rank that votes and one that does not")
+    # criterion "last_sync", window 1 (S_t = g_t). Rank 0 declines slowly: 1.0, 0.9, 0.8, 0.75,
+    # 0.6 (never 30 % below 0.75). The last rank jumps x4 at step 3 and alone votes yes; the
+    # sync there must move rank 0's reference to 0.75 too, so rank 0 does NOT vote at step 4
+    # (against the warm-up's 1.0 it would: 0.6 is 40 % lower).
+    model = nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = SelSync(threshold=0.3, window=1, criterion="last_sync")
+    for step, g in enumerate([1.0, 0.9, 0.8, 0.75, 0.6]):
+        if r == n - 1:
+            g = 4.0 if step >= 3 else 1.0
+        elif r != 0:
+            g = 1.0
+        model.weight.grad = torch.full_like(model.weight, g / math.sqrt(2))
+        policy.step(model, opt)
+    assert [rec.votes for rec in policy.records] == [n, 0, 0, 1, 0]
+    assert [rec.synced for rec in policy.records] == [True, False, False, True, False]
+
+
+def test_staleness_bound_syncs_every_rank_together(world: tuple[int, int]) -> None:
+    r, n = world
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    # threshold 10: no vote after the warm-up; the bound alone syncs after 3 local steps.
+    policy = SelSync(threshold=10.0, window=2, max_local_steps=3)
+    for step in range(12):
+        _train_step(model, r, step)
+        rec = policy.step(model, opt)
+        if rec.synced:
+            assert _replicas_equal(model)
+    decisions = "".join(rec.decision[0] for rec in policy.records)
+    assert decisions == "SSLLLSLLLSLL"
+    assert comm.allgather_object(decisions) == [decisions] * n
+    assert policy.forced_syncs == 2
 
 
 @pytest.mark.parametrize("aggregation", ["params", "grads"])
