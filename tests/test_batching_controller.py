@@ -20,7 +20,9 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"mode": "adaptive"}, BatchingError, "mode must be one of"),
         ({"interval": 0}, BatchingError, "interval must be at least 1"),
         ({"deadband": 1.0}, BatchingError, r"deadband must be in \[0, 1\)"),
-        ({"smoothing": -0.1}, BatchingError, r"smoothing must be in \[0, 1\)"),
+        ({"window": 0}, BatchingError, "window must be at least 1 step"),
+        ({"noise_z": -1.0}, BatchingError, "noise_z must be a finite number >= 0"),
+        ({"trim": 0.5}, BatchingError, r"trim must be in \[0, 0.5\)"),
         ({"min_change": -1}, BatchingError, "min_change must be >= 0 samples"),
         ({"probe_steps": -1}, BatchingError, "probe_steps must be >= 0"),
         ({"slowdown": "1:3"}, BatchingError, "names rank 1, but the group has 1 rank"),
@@ -30,8 +32,8 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"b_max": 8}, AllocationError, "exceeds what the 1 ranks may hold"),
         ({"b_min": 0}, AllocationError, "at least 1 on every rank"),
     ],
-    ids=["mode", "interval", "deadband", "smoothing", "min_change", "probe", "slowdown-rank",
-         "uniform-weights", "weights-length", "weights-zero", "b_max", "b_min"],
+    ids=["mode", "interval", "deadband", "window", "noise_z", "trim", "min_change", "probe",
+         "slowdown-rank", "uniform-weights", "weights-length", "weights-zero", "b_max", "b_min"],
 )
 def test_bad_settings(kw: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
@@ -68,24 +70,24 @@ def test_probe_decides_early_then_every_interval() -> None:
     assert [a.reason for a in c.adjustments] == ["probe", "unchanged", "unchanged"]
 
 
-def test_ewma_of_per_sample_time() -> None:
-    c = BatchController(10, smoothing=0.5)
-    for s, t in enumerate([1.0, 3.0, 5.0]):
+def test_estimate_is_the_geometric_mean_over_the_interval() -> None:
+    c = BatchController(10, interval=3, trim=0.0)
+    for s, t in enumerate([1.0, 2.0, 4.0]):
         c.update(step=s, compute_s=t)
-    # per-sample 0.1, 0.3, 0.5 -> 0.1, 0.2, 0.35; times 10 samples
+    # per-sample 0.1, 0.2, 0.4 -> geometric mean 0.2; times 10 samples
     m = c.last_metrics
-    assert m["smoothed_s"] == pytest.approx(3.5)
-    assert (m["step"], m["rank"], m["batch_size"], m["compute_s"]) == (2, 0, 10, 5.0)
+    assert m["smoothed_s"] == pytest.approx(2.0)
+    assert (m["step"], m["rank"], m["batch_size"], m["compute_s"]) == (2, 0, 10, 4.0)
 
 
 @pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf], ids=["nan", "zero", "neg", "inf"])
 def test_invalid_times_are_skipped_and_reported(bad: float) -> None:
-    c = BatchController(10, smoothing=0.5, interval=2)
+    c = BatchController(10, interval=2)
     c.update(step=0, compute_s=bad)
     rec = c.update(step=1, compute_s=bad)
     assert rec is not None and not rec.applied and rec.reason.startswith("invalid time: rank(s) 0")
     c.update(step=2, compute_s=2.0)
-    c.update(step=3, compute_s=bad)  # left out of the average
+    c.update(step=3, compute_s=bad)  # left out of the estimate
     assert c.last_metrics["smoothed_s"] == pytest.approx(2.0)
 
 

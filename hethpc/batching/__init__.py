@@ -11,7 +11,9 @@ from hethpc.batching.allocation import (
 )
 from hethpc.batching.controller import MODES, BatchController, BatchingError
 from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.estimate import Estimate, TimeEstimator
 from hethpc.batching.gradients import WeightError, weighted_gradient_allreduce
+from hethpc.batching.simulate import PhaseFigures, SimRank, SimResult, ideal_sizes, simulate
 from hethpc.batching.slowdown import Slowdown, SlowdownError, SlowdownSchedule, stretch
 
 __all__ = [
@@ -20,14 +22,21 @@ __all__ = [
     "AllocationError",
     "BatchController",
     "BatchingError",
+    "Estimate",
+    "PhaseFigures",
+    "SimRank",
+    "SimResult",
     "Slowdown",
     "SlowdownError",
     "SlowdownSchedule",
+    "TimeEstimator",
     "WeightError",
     "allocate",
     "decide",
     "exceeds_deadband",
+    "ideal_sizes",
     "max_relative_change",
+    "simulate",
     "stretch",
     "uniform_sizes",
     "weighted_gradient_allreduce",

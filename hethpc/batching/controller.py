@@ -13,6 +13,7 @@ import torch
 from hethpc import comm
 from hethpc.batching.allocation import Bound, allocate
 from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.estimate import TimeEstimator
 from hethpc.batching.slowdown import Slowdown, SlowdownSchedule, stretch
 
 MODES = ("dynamic", "static", "uniform")
@@ -26,11 +27,14 @@ class BatchController:
     """Per-rank batch sizes that track each rank's measured compute throughput.
 
     Every rank times its own compute (forward + backward: start a clock before the forward and
-    call :meth:`timer_stop` after the backward), smooths the per-sample time with an EWMA, and
-    every ``interval`` steps the ranks allgather ``(b_k, t_k)`` through mpi4py and all adopt the
-    same new sizes, proportional to throughput, summing to ``global_batch``, when the largest
-    relative change exceeds ``deadband``. Create it on every rank of ``group`` at the same point
-    and call :meth:`update` on every rank every step.
+    call :meth:`timer_stop` after the backward) and keeps a robust estimate of its per-sample
+    time at the current size (:class:`TimeEstimator`: a trimmed mean over a window that grows
+    while the speed is steady and restarts when it changes significantly). Every ``interval``
+    steps the ranks allgather ``(b_k, t_k, standard error)`` through mpi4py and all compute the
+    same sizes, proportional to throughput, summing to ``global_batch``; they adopt them when a
+    rank's size moves by more than the dead-band, by more than ``noise_z`` standard errors and
+    by more than ``min_change`` samples (:func:`decide`). Create it on every rank of ``group`` at
+    the same point and call :meth:`update` on every rank every step.
 
     Args:
         global_batch: B, the samples of one step over the group; never changes.
@@ -42,8 +46,10 @@ class BatchController:
         deadband: adopt new sizes only when the largest relative change exceeds this (5 %).
         min_change: also hold unless some rank's size moves by more than this many samples
             (a one-sample move is rounding noise; 0 disables).
-        smoothing: EWMA weight of the old average, in [0, 1): ``s = a*s + (1-a)*t``; 0 keeps
-            only the latest step. The default 0.7 keeps about 3 % of a value after 10 steps.
+        window: most steps of the per-sample time estimate (at the current sizes).
+        noise_z: standard errors of the measurement a size change (and a change of a rank's
+            speed) must exceed; 3 holds the sizes still under 25 % per-step timing noise.
+        trim: fraction of the window's times dropped at each end (spikes), in [0, 0.5).
         b_min: smallest batch of a rank, an int or one per rank (>= 1).
         b_max: largest batch of a rank, an int or one per rank; None for no bound.
         probe_steps: if > 0, the first decision comes after this many steps (at the start
@@ -68,7 +74,9 @@ class BatchController:
         interval: int = 10,
         deadband: float = 0.05,
         min_change: int = 1,
-        smoothing: float = 0.7,
+        window: int = 200,
+        noise_z: float = 3.0,
+        trim: float = 0.2,
         b_min: Bound = 1,
         b_max: Bound = None,
         probe_steps: int = 0,
@@ -86,13 +94,25 @@ class BatchController:
         self.interval = int(interval)
         self.deadband = float(deadband)
         self.min_change = int(min_change)
-        self.smoothing = float(smoothing)
+        self.window = int(window)
+        self.noise_z = float(noise_z)
+        self.trim = float(trim)
         self.probe_steps = int(probe_steps)
         self._b_min, self._b_max = b_min, b_max
         settings = (
-            self.global_batch, mode, None if weights is None else [float(w) for w in weights],
-            self.interval, self.deadband, self.min_change, self.smoothing, _plain(b_min),
-            _plain(b_max), self.probe_steps, self._slowdown.spec,
+            self.global_batch,
+            mode,
+            None if weights is None else [float(w) for w in weights],
+            self.interval,
+            self.deadband,
+            self.min_change,
+            self.window,
+            self.noise_z,
+            self.trim,
+            _plain(b_min),
+            _plain(b_max),
+            self.probe_steps,
+            self._slowdown.spec,
         )
         # Decide on gathered settings so that a mismatch raises the same error on every rank.
         seen = comm.allgather_object(repr(settings), group=self._group)
@@ -109,7 +129,10 @@ class BatchController:
         else:
             start = allocate(self.global_batch, weights, b_min=b_min, b_max=b_max)
         self._sizes = start
-        self._ewma: float | None = None  # smoothed compute seconds per sample, this rank
+        self._estimator = TimeEstimator(
+            window=self.window, trim=self.trim, z=self.noise_z, floor=self.deadband
+        )
+        self._smoothed = math.nan  # this rank's estimated seconds per sample at the last decision
         self._since = 0
         self._probe_pending = mode == "dynamic" and self.probe_steps > 0
         self._step = 0
@@ -125,8 +148,12 @@ class BatchController:
             raise BatchingError(f"deadband must be in [0, 1), got {self.deadband}")
         if self.min_change < 0:
             raise BatchingError(f"min_change must be >= 0 samples, got {self.min_change}")
-        if not 0 <= self.smoothing < 1:
-            raise BatchingError(f"smoothing must be in [0, 1), got {self.smoothing}")
+        if self.window < 1:
+            raise BatchingError(f"window must be at least 1 step, got {self.window}")
+        if not (math.isfinite(self.noise_z) and self.noise_z >= 0):
+            raise BatchingError(f"noise_z must be a finite number >= 0, got {self.noise_z}")
+        if not 0 <= self.trim < 0.5:
+            raise BatchingError(f"trim must be in [0, 0.5), got {self.trim}")
         if self.probe_steps < 0:
             raise BatchingError(f"probe_steps must be >= 0, got {self.probe_steps}")
         if self._slowdown.max_rank >= self._n:
@@ -163,7 +190,8 @@ class BatchController:
     @property
     def last_metrics(self) -> dict[str, float]:
         """This rank's figures from the latest :meth:`update`: ``step``, ``rank``,
-        ``batch_size``, ``compute_s`` and ``smoothed_s`` (smoothed seconds at this size)."""
+        ``batch_size``, ``compute_s`` and ``smoothed_s`` (the estimated seconds at this size at
+        the latest decision; NaN before the first)."""
         return dict(self._last)
 
     def timer_stop(self, t0: float, *, step: int | None = None) -> float:
@@ -186,7 +214,7 @@ class BatchController:
         """Fold in this step's compute time; every ``interval`` steps, decide new sizes.
 
         Call on every rank every step (it communicates on decision steps). A time that is not
-        finite and positive is left out of the average; if a rank has no valid average at a
+        finite and positive is left out of the estimate; if a rank has no valid estimate at a
         decision, every rank keeps the current sizes and records why.
 
         Args:
@@ -198,17 +226,13 @@ class BatchController:
         """
         b = self.local_batch
         t = float(compute_s)
-        if math.isfinite(t) and t > 0:
-            per_sample = t / b
-            a = self.smoothing
-            self._ewma = per_sample if self._ewma is None else a * self._ewma + (1 - a) * per_sample
-        smoothed = self._ewma * b if self._ewma is not None else math.nan
+        self._estimator.add(b, t)
         self._last = {
             "step": step,
             "rank": self._rank,
             "batch_size": b,
             "compute_s": t,
-            "smoothed_s": smoothed,
+            "smoothed_s": self._smoothed * b,
         }
         self._step = step + 1
         if self.mode != "dynamic":
@@ -217,11 +241,16 @@ class BatchController:
         if self._since < (self.probe_steps if self._probe_pending else self.interval):
             return None
         self._since = 0
-        return self._decide(step)
+        rec = self._decide(step)
+        self._last["smoothed_s"] = self._smoothed * b
+        return rec
 
     def _decide(self, step: int) -> Adjustment:
-        mine = np.array([float(self.local_batch), math.nan if self._ewma is None else self._ewma])
+        est = self._estimator.report()
+        self._smoothed = est.per_sample_s
+        mine = np.array([float(self.local_batch), est.per_sample_s, est.rel_se, est.elasticity])
         gathered = comm.allgather_array(mine, group=self._group)
+        se = gathered[:, 2]
         rec = decide(
             step,
             self._sizes,
@@ -231,23 +260,29 @@ class BatchController:
             min_change=self.min_change,
             b_min=self._b_min,
             b_max=self._b_max,
+            rel_se=np.where(np.isfinite(se), se, 0.0),
+            z=self.noise_z,
+            elasticity=gathered[:, 3],
             force=self._probe_pending,
         )
         if rec.applied:
             self._sizes = np.asarray(rec.new_sizes, dtype=np.int64)
+            if rec.new_sizes != rec.old_sizes:
+                self._estimator.reset()
         self._probe_pending = False
         self.adjustments.append(rec)
         return rec
 
     def state_dict(self) -> dict[str, Any]:
-        """The controller's state. ``ewma`` is this rank's own smoothed time; loading another
-        rank's state only perturbs the first interval's estimate."""
+        """The controller's state. ``estimator`` is this rank's own window of times; loading
+        another rank's state only perturbs the estimate until the window turns over."""
         return {
             "global_batch": self.global_batch,
             "world_size": self._n,
             "mode": self.mode,
             "sizes": [int(v) for v in self._sizes],
-            "ewma": self._ewma,
+            "estimator": self._estimator.state_dict(),
+            "smoothed": None if math.isnan(self._smoothed) else self._smoothed,
             "since": self._since,
             "probe_pending": self._probe_pending,
             "step": self._step,
@@ -273,7 +308,8 @@ class BatchController:
                 f"saved sizes {state['sizes']} do not split global batch {self.global_batch}"
             )
         self._sizes = sizes
-        self._ewma = None if state["ewma"] is None else float(state["ewma"])
+        self._estimator.load_state_dict(state["estimator"])
+        self._smoothed = math.nan if state["smoothed"] is None else float(state["smoothed"])
         self._since = int(state["since"])
         self._probe_pending = bool(state["probe_pending"])
         self._step = int(state["step"])

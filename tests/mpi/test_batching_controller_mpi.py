@@ -23,7 +23,7 @@ def _time(rank: int, b: int, step: int, change_at: int = 10**9) -> float:
 def test_sizes_follow_times_and_agree_on_every_rank() -> None:
     r, n = comm.rank(), comm.size()
     B = 12 * n
-    c = BatchController(B, interval=4, smoothing=0.0)
+    c = BatchController(B, interval=4)
     assert c.batch_sizes.tolist() == allocate(B, [1] * n).tolist()
     for step in range(24):
         c.update(step=step, compute_s=_time(r, c.local_batch, step, change_at=12))
@@ -87,7 +87,7 @@ def test_slowdown_naming_a_missing_rank_raises_on_every_rank() -> None:
 def test_group_ranks_order_sizes() -> None:
     n = comm.size()
     group = comm.new_group(list(reversed(range(n))))
-    c = BatchController(6 * n, interval=2, smoothing=0.0, group=group)
+    c = BatchController(6 * n, interval=2, group=group)
     for step in range(2):
         c.update(step=step, compute_s=_time(group.rank, c.local_batch, step))
     assert c.local_batch == int(c.batch_sizes[group.rank])
@@ -117,7 +117,7 @@ def test_training_with_changing_sizes_equals_one_process_training() -> None:
     loss_fn = nn.CrossEntropyLoss()
     ref = new_model()
     model = new_model()
-    c = BatchController(B, interval=3, smoothing=0.0)
+    c = BatchController(B, interval=3)
     seen_sizes = set()
     for step in range(steps):
         idx = perm[step * B : (step + 1) * B]

@@ -1,0 +1,203 @@
+"""A deterministic simulator of N ranks under the dynamic-batching control rule, without MPI.
+
+Each rank's compute time per step is ``factor * (per_step_s + per_sample_s * b)`` (a fixed
+per-step cost plus a per-sample cost, stretched by a :class:`SlowdownSchedule`), times
+lognormal noise and occasional spikes. Every rank feeds its own :class:`TimeEstimator`, and
+every ``interval`` steps the reports go through :func:`decide` exactly as the
+:class:`BatchController` does after its allgather. The figures (adjustments to balance,
+intervals to rebalance after a change, adjustments in steady phases) use the noise-free times,
+so they say how good the sizes really are, not how good they looked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hethpc.batching.allocation import Bound, allocate
+from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.estimate import TimeEstimator
+from hethpc.batching.slowdown import Slowdown, SlowdownSchedule
+
+
+@dataclass(frozen=True)
+class SimRank:
+    """A simulated rank's speed at factor 1.
+
+    Attributes:
+        per_sample_s: compute seconds per sample.
+        per_step_s: fixed compute seconds per step (kernel launches, framework overhead).
+    """
+
+    per_sample_s: float
+    per_step_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a simulation did.
+
+    Attributes:
+        sizes: ``[steps, N]`` sizes in force at each step.
+        true_s: ``[steps, N]`` noise-free compute seconds at each step.
+        measured_s: ``[steps, N]`` the noisy seconds the estimators saw.
+        adjustments: every decision, in order.
+    """
+
+    sizes: np.ndarray
+    true_s: np.ndarray
+    measured_s: np.ndarray
+    adjustments: list[Adjustment]
+
+    def imbalance(self) -> np.ndarray:
+        """Per step, ``max(true_s) / min(true_s) - 1`` over the ranks."""
+        return self.true_s.max(axis=1) / self.true_s.min(axis=1) - 1
+
+    def phase(self, start: int, end: int, tol: float = 0.10) -> PhaseFigures:
+        """Figures for the steps ``[start, end)`` (a phase of constant speeds).
+
+        Args:
+            start: first step of the phase (a speed change, or 0).
+            end: first step after it.
+            tol: balanced means an imbalance of at most ``tol``.
+        """
+        imb = self.imbalance()[start:end]
+        hit = np.flatnonzero(imb <= tol)
+        balanced_at = start + int(hit[0]) if hit.size else None
+        ds = [a for a in self.adjustments if start <= a.step < end]
+        cut = end if balanced_at is None else balanced_at
+        before = [a for a in ds if a.step < cut]
+        after = [a for a in ds if a.step >= cut]
+        return PhaseFigures(
+            balanced_at=balanced_at,
+            adjustments_to_balance=sum(a.applied for a in before),
+            intervals_to_balance=len(before) if balanced_at is not None else None,
+            steady_adjustments=sum(a.applied for a in after),
+            final_imbalance=float(imb[-1]),
+            final_sizes=tuple(int(v) for v in self.sizes[end - 1]),
+        )
+
+
+@dataclass(frozen=True)
+class PhaseFigures:
+    """The control figures of one phase (see :meth:`SimResult.phase`).
+
+    Attributes:
+        balanced_at: first step whose sizes were balanced (None: never in the phase).
+        adjustments_to_balance: adopted adjustments before that step.
+        intervals_to_balance: decisions in the phase before that step (None: never balanced).
+        steady_adjustments: adopted adjustments from that step to the end of the phase.
+        final_imbalance: imbalance at the phase's last step.
+        final_sizes: the sizes at the phase's last step.
+    """
+
+    balanced_at: int | None
+    adjustments_to_balance: int
+    intervals_to_balance: int | None
+    steady_adjustments: int
+    final_imbalance: float
+    final_sizes: tuple[int, ...]
+
+
+def ideal_sizes(
+    global_batch: int, ranks: Sequence[SimRank], factors: Sequence[float]
+) -> np.ndarray:
+    """Real-valued sizes that equalise the noise-free step times (no bounds)."""
+    c1 = [f * r.per_sample_s for r, f in zip(ranks, factors, strict=True)]
+    c0 = [f * r.per_step_s for r, f in zip(ranks, factors, strict=True)]
+    T = (global_batch + math.fsum(a / b for a, b in zip(c0, c1, strict=True))) / math.fsum(
+        1 / b for b in c1
+    )
+    return np.array([(T - a) / b for a, b in zip(c0, c1, strict=True)])
+
+
+def simulate(
+    global_batch: int,
+    ranks: Sequence[SimRank],
+    *,
+    steps: int,
+    slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
+    noise: float = 0.25,
+    spike_prob: float = 0.0,
+    spike_factor: float = 3.0,
+    seed: int = 0,
+    start: Sequence[int] | np.ndarray | None = None,
+    interval: int = 10,
+    deadband: float = 0.05,
+    min_change: int = 1,
+    window: int = 200,
+    noise_z: float = 3.0,
+    trim: float = 0.2,
+    b_min: Bound = 1,
+    b_max: Bound = None,
+) -> SimResult:
+    """Run the control rule on simulated ranks; deterministic for a given ``seed``.
+
+    Args:
+        global_batch: B.
+        ranks: the ranks' speeds at factor 1.
+        steps: steps to simulate.
+        slowdown: factors over steps (as for :class:`BatchController`).
+        noise: sigma of the lognormal noise on each step time (0.25: about +-25 %).
+        spike_prob: chance that a step is also multiplied by ``spike_factor``.
+        spike_factor: the size of a spike (a descheduled step).
+        seed: the noise's seed.
+        start: the first sizes (default: uniform).
+        interval: steps between decisions.
+        deadband: see :func:`decide`.
+        min_change: see :func:`decide`.
+        window: see :class:`TimeEstimator`.
+        noise_z: see :func:`decide` (``z``) and :class:`TimeEstimator` (``z``).
+        trim: see :class:`TimeEstimator`.
+        b_min: see :func:`allocate`.
+        b_max: see :func:`allocate`.
+    """
+    n = len(ranks)
+    sched = SlowdownSchedule.of(slowdown)
+    rng = np.random.default_rng(seed)
+    sizes = (
+        allocate(global_batch, [1.0] * n, b_min=b_min, b_max=b_max)
+        if start is None
+        else np.asarray(start, dtype=np.int64)
+    )
+    if int(sizes.sum()) != global_batch or sizes.shape != (n,):
+        raise ValueError(f"start sizes {sizes.tolist()} do not split {global_batch} over {n} ranks")
+    est = [TimeEstimator(window=window, trim=trim, z=noise_z, floor=deadband) for _ in range(n)]
+    all_sizes = np.zeros((steps, n), dtype=np.int64)
+    true_s = np.zeros((steps, n))
+    measured = np.zeros((steps, n))
+    records: list[Adjustment] = []
+    for step in range(steps):
+        draws = rng.standard_normal(n)
+        spikes = rng.random(n) < spike_prob
+        for k, r in enumerate(ranks):
+            f = sched.factor(k, step)
+            t = f * (r.per_step_s + r.per_sample_s * int(sizes[k]))
+            m = t * math.exp(noise * float(draws[k])) * (spike_factor if spikes[k] else 1.0)
+            all_sizes[step, k], true_s[step, k], measured[step, k] = sizes[k], t, m
+            est[k].add(int(sizes[k]), m)
+        if (step + 1) % interval:
+            continue
+        reports = [e.report() for e in est]
+        rec = decide(
+            step,
+            sizes,
+            [e.per_sample_s for e in reports],
+            global_batch=global_batch,
+            deadband=deadband,
+            min_change=min_change,
+            b_min=b_min,
+            b_max=b_max,
+            rel_se=[e.rel_se if math.isfinite(e.rel_se) else 0.0 for e in reports],
+            z=noise_z,
+            elasticity=[e.elasticity for e in reports],
+        )
+        records.append(rec)
+        if rec.applied and rec.new_sizes != rec.old_sizes:
+            sizes = np.asarray(rec.new_sizes, dtype=np.int64)
+            for e in est:
+                e.reset()
+    return SimResult(all_sizes, true_s, measured, records)
