@@ -32,12 +32,13 @@ from hethpc.models import build_model
 from hethpc.sync import make_policy
 
 METHODS = {
-    "iid": ["bsp", "selsync", "selsync:previous", "fedavg", "local"],
+    "iid": ["bsp", "selsync", "selsync:previous", "selsync:window", "fedavg", "fedavg:22", "local"],
     "noniid": ["bsp", "fedavg", "selsync", "selsync+inject"],
 }
 # Every SelSync variant the experiment knows: "selsync" (the default criterion),
 # "selsync:<criterion>" (another significance criterion, see SignificanceTracker), "+bound" (a
 # staleness bound: at most --max-local-steps local steps in a row), "+inject" (data injection).
+# "fedavg:<H>" is FedAvg with period H (a fixed schedule at a chosen sync fraction, as control).
 VARIANTS = [
     "selsync:window",
     "selsync:last_sync",
@@ -116,7 +117,7 @@ def train_one(
         if "bound" in extras:
             kw["max_local_steps"] = args.max_local_steps
     elif name == "fedavg":
-        kw = {"period": args.period}
+        kw = {"period": int(criterion) if criterion else args.period}  # "fedavg:<H>"
     policy = make_policy(name, **kw)
     sizes = np.full(size, args.batch // size, dtype=np.int64)
     sizes[: args.batch % size] += 1

@@ -115,15 +115,19 @@ def test_selsync_records_and_summary() -> None:
     ("kwargs", "decisions", "deltas"),
     [
         # window 2 (a = 2/3): S = 1, 1, 1, 11/3, 41/9; delta against S two steps back (= 1).
-        ({}, ["SYNC", "SYNC", "LOCAL", "SYNC", "SYNC"], [0.0, 0.0, 8 / 3, 32 / 9]),
-        # against S at the last sync: 1 until step 3 syncs, then 11/3.
         (
-            {"criterion": "last_sync"},
+            {"criterion": "window"},
+            ["SYNC", "SYNC", "LOCAL", "SYNC", "SYNC"],
+            [0.0, 0.0, 8 / 3, 32 / 9],
+        ),
+        # the default: against S at the last sync: 1 until step 3 syncs, then 11/3.
+        (
+            {},
             ["SYNC", "SYNC", "LOCAL", "SYNC", "LOCAL"],
             [0.0, 0.0, 8 / 3, (41 / 9 - 11 / 3) / (11 / 3)],
         ),
     ],
-    ids=["window-default", "last-sync"],
+    ids=["window", "last-sync-default"],
 )
 def test_selsync_criteria_decide(
     kwargs: dict[str, object], decisions: list[str], deltas: list[float]

@@ -136,7 +136,7 @@ def test_last_sync_reference_moves_only_on_sync() -> None:
 
 def test_default_window_and_threshold() -> None:
     t = SignificanceTracker()
-    assert (t.threshold, t.window, t.alpha, t.criterion) == (0.3, 25, 2 / 26, "window")
+    assert (t.threshold, t.window, t.alpha, t.criterion) == (0.3, 25, 2 / 26, "last_sync")
     out = [t.update(1.0) for _ in range(30)]
     assert [s.vote for s in out] == [True] * 25 + [False] * 5
     assert all(s.warmup for s in out[:25]) and not any(s.warmup for s in out[25:])

@@ -40,8 +40,8 @@ class SelSync(SyncPolicy):
         norm: ``"global"`` (L2 norm of all gradients) or ``"layer_sum"`` (sum of per-tensor
             norms, as the published code); default ``"global"``.
         criterion: which relative change of the norm is compared with ``threshold``:
-            ``"window"`` (default: the smoothed norm over the last ``window`` steps),
-            ``"last_sync"``, ``"previous"`` (the issue's literal ``|S_t - S_(t-1)| / S_(t-1)``),
+            ``"last_sync"`` (default: the smoothed norm against its value at the last sync),
+            ``"window"``, ``"previous"`` (the issue's literal ``|S_t - S_(t-1)| / S_(t-1)``),
             ``"delta"``, ``"delta_mean"``; see :class:`SignificanceTracker`.
         max_local_steps: a staleness bound: synchronise anyway after this many local steps in
             a row (all ranks count the same steps, so they agree; 0 is BSP). None (default):

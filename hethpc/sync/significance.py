@@ -15,7 +15,7 @@ NORM_KINDS: tuple[str, ...] = ("global", "layer_sum")
 Criterion = Literal["last_sync", "previous", "window", "delta", "delta_mean"]
 CRITERIA: tuple[str, ...] = ("last_sync", "previous", "window", "delta", "delta_mean")
 # The default criterion: see SignificanceTracker and the README's SelSync section for why.
-DEFAULT_CRITERION: Criterion = "window"
+DEFAULT_CRITERION: Criterion = "last_sync"
 
 
 def gradient_norm(parameters: Iterable[torch.nn.Parameter], *, kind: NormKind = "global") -> float:
@@ -73,12 +73,13 @@ class SignificanceTracker:
     ``S_t = a * g_t + (1 - a) * S_(t-1)`` with ``a = 2 / (window + 1)``. The rank votes to
     synchronise when ``delta_t >= threshold``, where ``delta_t`` depends on ``criterion``:
 
-    - ``"window"`` (default): ``|S_t - S_(t-w)| / S_(t-w)``, the relative change of the smoothed
+    - ``"last_sync"`` (default): ``|S_t - S_ref| / S_ref`` where ``S_ref`` is ``S`` at the end
+      of the last synchronised step (the policy calls :meth:`synced` on every rank; before
+      any, the first ``S``): the smoothed norm drifted by ``threshold`` since the replicas
+      last agreed. A slow drift that no single step would flag still counts.
+    - ``"window"``: ``|S_t - S_(t-w)| / S_(t-w)``, the relative change of the smoothed
       norm over the last ``w = window`` steps: the smoothed norm moved by ``threshold`` within
       one window. (While fewer than ``w`` steps lie behind, the oldest ``S`` there is.)
-    - ``"last_sync"``: ``|S_t - S_ref| / S_ref`` where ``S_ref`` is ``S`` at the end of the
-      last synchronised step (the policy calls :meth:`synced`; before any, the first ``S``):
-      the smoothed norm drifted by ``threshold`` since the replicas last agreed.
     - ``"previous"``: ``|S_t - S_(t-1)| / S_(t-1)``, the issue's literal definition. With a
       span-``w`` EWMA this equals ``a * |g_t - S_(t-1)| / S_(t-1)``, so at threshold 0.3 and
       window 25 a rank votes only when its norm is about 5x its average: almost never.
@@ -109,7 +110,8 @@ class SignificanceTracker:
         window: the EWMA span, the comparison window and the warm-up length, in steps;
             ``>= 1``. Default 25.
         criterion: which relative change is compared with ``threshold`` (above); default
-            ``"window"``.
+            ``"last_sync"``: on MNIST-1D (4 ranks, IID) it kept BSP's accuracy while syncing
+            4-5 % of steps, where ``"previous"`` synced only in the warm-up (README, SelSync).
 
     Raises:
         ValueError: ``threshold``, ``window`` or ``criterion`` is out of range.
