@@ -10,6 +10,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py import h5s
 
 from hethpc.data.errors import DatasetError, ShardError
 from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_path
@@ -57,13 +58,17 @@ class ShardedDataset:
         self._pid = os.getpid()
         self._files: dict[int, h5py.File] = {}
         self._x: dict[int, h5py.Dataset] = {}
+        self._spaces: dict[int, h5s.SpaceID] = {}  # file dataspace per shard, reselected
+        self._mspaces: dict[int, h5s.SpaceID] = {}  # memory dataspace per sample count
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._cached = 0
+        self._free: list[np.ndarray] = []  # buffers of evicted chunks, for reuse
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        for k in ("_files", "_x", "_cache", "_lock", "_pid", "_cached"):
+        for k in ("_files", "_x", "_spaces", "_mspaces", "_cache", "_lock", "_pid", "_cached",
+                  "_free"):
             d.pop(k, None)
         return d
 
@@ -110,7 +115,35 @@ class ShardedDataset:
             self._files[shard] = f
         return f
 
+    def _dataset_x(self, shard: int) -> h5py.Dataset:
+        x = self._x.get(shard)
+        if x is None:
+            x = self._x[shard] = self._file(shard)["x"]
+        return x
+
+    def _read_into(self, shard: int, a: int, b: int, dest: np.ndarray) -> None:
+        """Samples ``a .. b-1`` of ``shard`` straight into ``dest`` (C-contiguous), one call."""
+        try:
+            # h5py's low-level read: read_direct's selection objects cost ~0.1 ms a call.
+            did = self._dataset_x(shard).id
+            fspace = self._spaces.get(shard)
+            if fspace is None:
+                fspace = self._spaces[shard] = did.get_space()
+            rest = self.sample_shape
+            fspace.select_hyperslab((a, *(0 for _ in rest)), (b - a, *rest))
+            mspace = self._mspaces.get(b - a)
+            if mspace is None:
+                mspace = self._mspaces[b - a] = h5s.create_simple((b - a, *rest))
+            did.read(mspace, fspace, dest)
+        except OSError as e:
+            raise ShardError(
+                f"shard {self._paths[shard]} is corrupt (samples {a}..{b - 1} fail their HDF5 "
+                f"checksum: {e}); restore or re-convert it, and verify the dataset "
+                "(open_dataset(..., verify=True))"
+            ) from e
+
     def _read_chunk(self, shard: int, chunk: int) -> np.ndarray:
+        """One decoded chunk, from the LRU cache or read into a recycled buffer."""
         key = (shard, chunk)
         hit = self._cache.get(key)
         if hit is not None:
@@ -118,28 +151,86 @@ class ShardedDataset:
             return hit
         a = chunk * self._chunk
         b = min(a + self._chunk, int(self._starts[shard + 1] - self._starts[shard]))
+        # Evicted chunks' buffers are reused: no allocation (or page faults) per chunk.
+        buf = self._free.pop() if self._free else np.empty(
+            (self._chunk, *self.sample_shape), dtype=self.dtype
+        )
+        data = buf[: b - a]
         try:
-            x = self._x.get(shard)
-            if x is None:
-                x = self._x[shard] = self._file(shard)["x"]
-            data = x[a:b]
-        except OSError as e:
-            raise ShardError(
-                f"shard {self._paths[shard]} is corrupt (samples {a}..{b - 1} fail their HDF5 "
-                f"checksum: {e}); restore or re-convert it, and verify the dataset "
-                "(open_dataset(..., verify=True))"
-            ) from e
+            self._read_into(shard, a, b, data)
+        except ShardError:
+            self._free.append(buf)
+            raise
         self._cache[key] = data
-        self._cached += data.nbytes
+        self._cached += buf.nbytes
         while self._cached > self.cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
-            self._cached -= old.nbytes
+            self._cached -= old.base.nbytes if old.base is not None else old.nbytes
+            if len(self._free) < 4 and old.base is not None:
+                self._free.append(old.base)
         return data
+
+    def _fill(
+        self, out: np.ndarray, pos: np.ndarray | None, shard: np.ndarray, local: np.ndarray
+    ) -> None:
+        """Fill ``out`` from samples ``(shard, local)`` sorted by storage position.
+
+        ``pos[i]`` is the row of ``out`` for the i-th sample (``None``: row ``i``). Runs of
+        consecutive samples that cover whole chunks are read from the file straight into
+        ``out`` (one HDF5 call per run, no cache, no extra copy); the other samples are copied
+        from cached chunks, one gather per chunk.
+        """
+        m = len(local)
+        if m == 0:
+            return
+        key = shard * (1 << 32) + local // self._chunk
+        # Run starts: a new chunk, or a gap in the storage positions.
+        step = np.diff(shard * (1 << 32) + local)
+        cuts = np.flatnonzero((np.diff(key) != 0) | (step != 1)) + 1
+        starts, ends = np.r_[0, cuts], np.r_[cuts, m]
+        i, nrun = 0, len(starts)
+        while i < nrun:
+            a, b = int(starts[i]), int(ends[i])
+            s, la = int(shard[a]), int(local[a])
+            c = la // self._chunk
+            size = int(self._starts[s + 1] - self._starts[s])
+            whole = la == c * self._chunk and b - a == min(self._chunk, size - la)
+            if pos is None and whole and (s, c) not in self._cache:
+                # Whole chunks in a row: extend over the following whole, uncached chunks.
+                j = i + 1
+                while j < nrun:
+                    a2, b2 = int(starts[j]), int(ends[j])
+                    l2 = int(local[a2])
+                    c2 = l2 // self._chunk
+                    n2 = int(self._starts[s + 1] - self._starts[s]) - c2 * self._chunk
+                    if (int(shard[a2]) != s or l2 != int(local[b - 1]) + 1
+                            or b2 - a2 != min(self._chunk, n2) or (s, c2) in self._cache):
+                        break
+                    b = b2
+                    j += 1
+                self._read_into(s, la, la + (b - a), out[a:b])
+                i = j
+                continue
+            # Samples of one chunk (maybe several runs of it): gather from the cached chunk.
+            j = i + 1
+            while j < nrun and key[starts[j]] == key[a]:
+                j += 1
+            b = int(ends[j - 1])
+            data = self._read_chunk(s, c)
+            loc = local[a:b] - c * self._chunk
+            src = data[int(loc[0]) : int(loc[-1]) + 1] if j == i + 1 else data[loc]
+            if pos is None:
+                out[a:b] = src
+            else:
+                out[pos[a:b]] = src
+            i = j
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order.
 
-        Chunks are visited in ascending file order, each read once as a contiguous block.
+        Chunks are visited in ascending file order, each read once: whole chunks covered by
+        the request go straight from the file into the result, partly used ones through the
+        chunk cache.
 
         Args:
             indices: global sample indices, shape ``[k]``.
@@ -156,29 +247,17 @@ class ShardedDataset:
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
         out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
-        shard = np.searchsorted(self._starts, idx, side="right") - 1
-        local = idx - self._starts[shard]
-        key = shard * (1 << 32) + local // self._chunk
-        if len(idx) < 2 or bool((np.diff(idx) >= 0).all()):
-            # Sorted indices: each chunk fills a contiguous run of ``out``, one copy each.
-            bounds = np.flatnonzero(np.diff(key)) + 1
-            with self._lock:
-                for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(idx)], strict=True):
-                    if a == b:
-                        continue
-                    s, c = int(shard[a]), int(local[a] // self._chunk)
-                    data = self._read_chunk(s, c)
-                    np.take(data, local[a:b] - c * self._chunk, axis=0, out=out[a:b])
-            return out, self.labels[idx]
-        order = np.argsort(key, kind="stable")
-        bounds = np.flatnonzero(np.diff(key[order])) + 1
+        pos = None
+        sidx = idx
+        if len(idx) > 1 and not bool((np.diff(idx) >= 0).all()):
+            pos = np.argsort(idx, kind="stable")
+            sidx = idx[pos]
+        shard = np.searchsorted(self._starts, sidx, side="right") - 1
+        local = sidx - self._starts[shard]
+        if os.getpid() != self._pid:
+            self._reset()  # forked: the parent's handles, cache and lock are not usable here
         with self._lock:
-            for grp in np.split(order, bounds):
-                if not len(grp):
-                    continue
-                s, c = int(shard[grp[0]]), int(local[grp[0]] // self._chunk)
-                data = self._read_chunk(s, c)
-                out[grp] = data[local[grp] - c * self._chunk]
+            self._fill(out, pos, shard, local)
         return out, self.labels[idx]
 
     def close(self) -> None:
@@ -188,8 +267,10 @@ class ShardedDataset:
                 f.close()
             self._files.clear()
             self._x.clear()
+            self._spaces.clear()
             self._cache.clear()
             self._cached = 0
+            self._free.clear()
 
 
 def _problem_files(root: Path, manifest: Manifest) -> list[str]:

@@ -1,0 +1,67 @@
+"""ShardedDataset.read against numpy indexing: whole-chunk runs, cached gathers, any order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hethpc.data import ShardedDataset, open_dataset, write_dataset
+
+N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, 3, 2)).astype(np.float32)
+    y = rng.integers(0, 4, N)
+    path = tmp_path_factory.mktemp("read") / "ds"
+    write_dataset(path, [(x, y)], num_classes=4, shard_samples=SHARD, chunk_samples=CHUNK)
+    return path, x, y
+
+
+def _random(seed: int, k: int) -> np.ndarray:
+    return np.random.default_rng(seed).choice(N, k, replace=False)
+
+
+CASES = {
+    "everything": np.arange(N),
+    "one_whole_chunk": np.arange(8, 16),
+    "whole_chunks_across_shards": np.arange(88, 116),
+    "partial_last_chunks": np.arange(96, 100),
+    "run_inside_a_chunk": np.arange(3, 7),
+    "runs_with_gaps": np.r_[0:5, 6:30, 31:40],
+    "sorted_sparse": np.sort(_random(0, 40)),
+    "unsorted": _random(1, 60),
+    "duplicates": np.array([5, 5, 5, 200, 0, 200, 229, 229]),
+    "reversed": np.arange(N)[::-1],
+    "empty": np.array([], dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20], ids=["no_cache", "cache"])
+@pytest.mark.parametrize("name", list(CASES), ids=list(CASES))
+def test_read_matches_numpy(
+    data: tuple[Path, np.ndarray, np.ndarray], name: str, cache_bytes: int
+) -> None:
+    path, x, y = data
+    ds = open_dataset(path, verify=False, cache_bytes=cache_bytes)
+    idx = CASES[name]
+    for _ in range(2):  # the second read may hit the chunk cache
+        got_x, got_y = ds.read(idx)
+        np.testing.assert_array_equal(got_x, x[idx])
+        np.testing.assert_array_equal(got_y, y[idx])
+
+
+def test_recycled_chunk_buffers_never_leak_into_results(
+    data: tuple[Path, np.ndarray, np.ndarray],
+) -> None:
+    """A tiny cache evicts and reuses chunk buffers; earlier results must stay intact."""
+    path, x, _ = data
+    ds: ShardedDataset = open_dataset(path, verify=False, cache_bytes=CHUNK * 6 * 4)
+    reads = [_random(seed, 25) for seed in range(20)]
+    got = [ds.read(idx)[0] for idx in reads]
+    for idx, g in zip(reads, got, strict=True):
+        np.testing.assert_array_equal(g, x[idx])
