@@ -30,7 +30,7 @@ def check_weight(weight: float | None) -> bool:
 
 
 def agree(vote: bool, weight: float | None, *, group: Group | None = None) -> int:
-    """Exchange votes and check the weights in one tiny collective; the same result on every rank.
+    """Exchange votes and check the weights in one tiny allreduce; the same result on every rank.
 
     Args:
         vote: this rank's wish to synchronise now.
@@ -53,8 +53,15 @@ def agree(vote: bool, weight: float | None, *, group: Group | None = None) -> in
             float(not check_weight(weight)),
         ]
     )
+    # One Allreduce decides (this runs every step); only a failed check gathers every rank's
+    # row, to name the culprits. The sums are the same on every rank, so all take one branch.
+    sums = comm.allreduce_array(row, ReduceOp.SUM, group)
+    votes = int(round(sums[0]))
+    some_without = 0 < sums[2] < _size(group)
+    off_total = sums[2] == 0 and abs(sums[1] - 1.0) > WEIGHT_TOLERANCE
+    if not (sums[3] > 0 or some_without or off_total):
+        return votes
     table = comm.allgather_array(row, group)
-    votes = int(table[:, 0].sum())
     fix = "pass weight = b_k / B on every rank, with sum(b_k) == B (or no weight on any rank)"
     bad = [r for r in range(len(table)) if table[r, 3]]
     if bad:

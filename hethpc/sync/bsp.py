@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from hethpc.sync.averaging import agree, average_gradients_
+from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.policy import Outcome, SyncPolicy
 
 
@@ -17,6 +17,7 @@ class BSP(SyncPolicy):
     Args:
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record.
+        check_weights: check the weights every step (see :class:`SyncPolicy`).
     """
 
     name = "bsp"
@@ -30,7 +31,7 @@ class BSP(SyncPolicy):
         weight: float | None,
     ) -> Outcome:
         t0 = time.perf_counter()
-        votes = agree(True, weight, group=self.group)
+        votes = self._agree_unanimous(weight)
         nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
         seconds = time.perf_counter() - t0
         optimizer.step()

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_model_, gradient_bytes
 from hethpc.sync.errors import SyncError
@@ -42,13 +43,20 @@ class SyncPolicy(abc.ABC):
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record in :attr:`records` (small; disable for very
             long runs).
+        check_weights: check every step, in one tiny allreduce, that the ranks' weights are
+            consistent. Turn it off only when the caller guarantees it (weights computed from
+            a batch-size vector the ranks already agreed on, as ``hethpc.train`` does): a step
+            on which every rank votes yes (BSP) then needs no control collective at all.
     """
 
     name: ClassVar[str] = ""
 
-    def __init__(self, *, group: Group | None = None, keep_records: bool = True) -> None:
+    def __init__(
+        self, *, group: Group | None = None, keep_records: bool = True, check_weights: bool = True
+    ) -> None:
         self.group = group
         self.keep_records = keep_records
+        self.check_weights = check_weights
         self.records: list[SyncRecord] = []
         self._step_count = 0
         self._synced = 0
@@ -131,10 +139,19 @@ class SyncPolicy(abc.ABC):
     ) -> Outcome:
         """Communicate as the policy says and call ``optimizer.step()`` exactly once."""
 
+    def _agree_unanimous(self, weight: float | None) -> int:
+        """The agreement of a step on which every rank votes yes; returns the votes.
+
+        :func:`agree` checks the weights; with ``check_weights`` off nothing is exchanged.
+        """
+        if self.check_weights:
+            return agree(True, weight, group=self.group)
+        return comm.size() if self.group is None else self.group.size
+
     def _average_model(self, model: torch.nn.Module, weight: float | None) -> tuple[float, int]:
         """Check weights, then one fused model average; returns ``(seconds, bytes)``."""
         t0 = time.perf_counter()
-        agree(True, weight, group=self.group)
+        self._agree_unanimous(weight)
         nbytes = average_model_(model, weight=weight, group=self.group)
         return time.perf_counter() - t0, nbytes
 
