@@ -35,7 +35,7 @@ def run_one(path: Path, *, quick: bool, timeout: float) -> tuple[dict | None, fl
     cmd = ["flock", "/tmp/hethpc-bench.lock", sys.executable, str(path)]
     if quick:
         cmd.append("--quick")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # scripts/mpirun.sh sets the MPI settings
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,

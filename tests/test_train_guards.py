@@ -1,17 +1,18 @@
-"""The guards' math without MPI: model signatures, non-finite detection, watchdog, faults."""
+"""Guards without MPI: model signatures, non-finite skips, watchdog, faults, buffered metrics."""
 
 from __future__ import annotations
 
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from hethpc.train import Fault, local_nonfinite, model_signature
-from hethpc.train.guards import describe_mismatch
+from hethpc.train import Fault, MetricsWriter, local_nonfinite, model_signature, read_metrics
+from hethpc.train.guards import AveragedGradientGuard, describe_mismatch, poison_if_nonfinite_
 from hethpc.train.summary import format_summary
 
 
@@ -96,3 +97,56 @@ def test_summary_table_has_one_column_per_run() -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["a", "b"]
     assert "90.00 %" in text and "50.00 %" in text and "40 / 88" in text
+
+
+def _sgd_step(loss_value: float) -> tuple[nn.Linear, torch.optim.SGD, AveragedGradientGuard]:
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 2)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)
+    guard = AveragedGradientGuard(opt)
+    loss = layer(torch.ones(4, 3)).sum()
+    loss.backward()
+    poison_if_nonfinite_(torch.tensor(loss_value), [p.grad for p in layer.parameters()])
+    return layer, opt, guard
+
+
+@pytest.mark.parametrize(
+    ("loss", "skipped"),
+    [(1.0, False), (math.nan, True), (math.inf, True), (-math.inf, True)],
+    ids=["finite", "nan", "inf", "-inf"],
+)
+def test_guard_skips_the_update_of_a_nonfinite_loss(loss: float, skipped: bool) -> None:
+    layer, opt, guard = _sgd_step(loss)
+    before = [p.detach().clone() for p in layer.parameters()]
+    opt.step()
+    assert guard.tripped is skipped
+    changed = [not torch.equal(a, p) for a, p in zip(before, layer.parameters(), strict=True)]
+    assert changed == [not skipped] * 2
+    assert (len(opt.state) == 0) is skipped  # no momentum buffer for a skipped step
+
+
+def test_guard_skips_a_nonfinite_gradient_and_recovers() -> None:
+    layer, opt, guard = _sgd_step(1.0)
+    layer.bias.grad[0] = math.inf  # type: ignore[index]
+    opt.step()
+    assert guard.tripped and layer.weight.grad is None
+    layer(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert not guard.tripped and len(opt.state) == 2
+    guard.remove()
+
+
+def test_metrics_are_buffered_until_flushed(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path, 3, buffer=3)
+    w.write("step", step=0, loss=torch.tensor(0.5), acc=torch.tensor(math.nan))
+    assert read_metrics(w.path) == []
+    w.write("step", step=1)
+    w.flush()
+    assert [r["step"] for r in read_metrics(w.path)] == [0, 1]
+    assert read_metrics(w.path)[0]["loss"] == 0.5 and read_metrics(w.path)[0]["acc"] is None
+    for s in range(2, 5):
+        w.write("step", step=s)  # the third queued record flushes all three
+    assert [r["step"] for r in read_metrics(w.path)] == [0, 1, 2, 3, 4]
+    w.write("event", step=5)
+    w.close()
+    assert read_metrics(w.path)[-1] == {"kind": "event", "step": 5}

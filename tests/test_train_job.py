@@ -52,8 +52,7 @@ def _launch(
     t0 = time.perf_counter()
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(timeout)), "OMP_NUM_THREADS": "1",
-             "OMPI_MCA_mpi_yield_when_idle": "1"},
+        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(timeout)), "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     return proc, time.perf_counter() - t0
 

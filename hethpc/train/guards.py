@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.comm import Group
+from hethpc.comm import Group, ReduceOp
 
 
 class ModelMismatchError(ValueError):
@@ -68,10 +68,62 @@ def local_nonfinite(loss: torch.Tensor | float, grads: Iterable[torch.Tensor | N
     """Whether this rank's loss or any gradient holds a NaN or Inf."""
     if not math.isfinite(float(loss.detach() if isinstance(loss, torch.Tensor) else loss)):
         return True
-    return any(g is not None and not bool(torch.isfinite(g).all()) for g in grads)
+    return not all_finite([g for g in grads if g is not None])
 
 
 def nonfinite_ranks(flag: bool, group: Group | None = None) -> list[int]:
-    """Every rank's vote, agreed collectively: the ranks whose values were not finite."""
-    votes = comm.allgather_array(np.array([1 if flag else 0], dtype=np.int8), group)
+    """Every rank's vote, agreed collectively: the ranks whose values were not finite.
+
+    One tiny allreduce decides; only when some rank is bad are the votes gathered, to name it.
+    """
+    mine = np.array([1 if flag else 0], dtype=np.int32)
+    if int(comm.allreduce_array(mine, ReduceOp.SUM, group)[0]) == 0:
+        return []
+    votes = comm.allgather_array(mine, group)
     return [int(r) for r in np.flatnonzero(votes[:, 0])]
+
+
+def poison_if_nonfinite_(loss: torch.Tensor, grads: Iterable[torch.Tensor | None]) -> None:
+    """Make the first gradient NaN when ``loss`` is not finite, without a host sync.
+
+    A non-finite gradient already turns the averaged gradient non-finite on every rank; this
+    makes a non-finite loss do the same, so :class:`AveragedGradientGuard` sees both.
+    """
+    first = next((g for g in grads if g is not None), None)
+    if first is not None:
+        first.add_(loss.detach().to(first.dtype) * 0)  # 0 when finite, NaN otherwise
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite (one fused norm, one host sync)."""
+    if not tensors:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors))).all())
+
+
+class AveragedGradientGuard:
+    """Skips every optimizer step whose gradients are not finite (a step pre-hook).
+
+    Under BSP every rank applies the same averaged gradient, and a NaN or Inf on any rank
+    (with :func:`poison_if_nonfinite_` for the loss) makes that average non-finite everywhere:
+    all ranks skip the same steps without a vote. The gradients are dropped (set to None), so
+    the optimizer leaves parameters, momentum and step counts as they were.
+
+    Args:
+        optimizer: the optimizer to guard.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.tripped = False  # whether the last step was skipped
+        self._handle = optimizer.register_step_pre_hook(self._check)
+
+    def _check(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        self.tripped = not all_finite([p.grad for p in params])
+        if self.tripped:
+            for p in params:
+                p.grad = None
+
+    def remove(self) -> None:
+        """Detach the hook."""
+        self._handle.remove()

@@ -23,10 +23,12 @@ from hethpc.train.checkpoint import CheckpointManager
 from hethpc.train.config import ConfigError, TrainConfig, check_same_config
 from hethpc.train.faults import Fault, apply_faults
 from hethpc.train.guards import (
+    AveragedGradientGuard,
     NonFiniteError,
     check_same_model,
     local_nonfinite,
     nonfinite_ranks,
+    poison_if_nonfinite_,
 )
 from hethpc.train.metrics import MetricsWriter
 from hethpc.train.rng import seed_rank
@@ -218,6 +220,7 @@ def train(
     replicas_differ = cfg.sync != "bsp"
 
     def checkpoint(step: int) -> Path | None:
+        metrics.flush()  # the records up to a checkpoint are on disk before it is
         state = gather_state(
             step=step,
             elapsed_s=elapsed0 + time.perf_counter() - t0,
@@ -247,6 +250,10 @@ def train(
     comm.barrier()
     loss_fn = nn.CrossEntropyLoss()
     metrics = MetricsWriter(run_dir, rank)
+    params = list(model.parameters())
+    # BSP applies the same averaged gradient on every rank: non-finite steps are caught there,
+    # without a per-step vote. Other policies step on local gradients and vote.
+    guard = AveragedGradientGuard(optimizer) if cfg.sync == "bsp" else None
     bar = _progress(total, start, cfg.progress and rank == 0)
     synced = skipped = seen = 0
     last_path: Path | None = None
@@ -270,7 +277,23 @@ def train(
                 optimizer.zero_grad()
                 loss.backward()
                 compute_s = controller.timer_stop(tc)
-                bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in model.parameters())))
+                bad: list[int] = []
+                if guard is not None:
+                    # BSP: a NaN/Inf travels in the gradient allreduce and the guard skips the
+                    # update on every rank alike; ranks are named (a vote) only when it trips.
+                    grads = [p.grad for p in params]
+                    poison_if_nonfinite_(loss, grads)
+                    mine = [g for g in grads if g is not None] or [loss.detach().reshape(1)]
+                    local_bad = ~torch.isfinite(torch.stack(torch._foreach_norm(mine)).sum())
+                    record = policy.step(model, optimizer, weight=b / big_b, compute_s=compute_s)
+                    if guard.tripped:
+                        bad = nonfinite_ranks(bool(local_bad)) or list(range(size))
+                else:
+                    bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in params)))
+                    if not bad:
+                        record = policy.step(
+                            model, optimizer, weight=b / big_b, compute_s=compute_s
+                        )
                 if bad:
                     where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"
                     if cfg.on_nonfinite == "stop":
@@ -280,38 +303,41 @@ def train(
                     skipped += 1
                     is_synced, sync_s = False, 0.0
                 else:
-                    record = policy.step(model, optimizer, weight=b / big_b, compute_s=compute_s)
                     is_synced, sync_s = bool(record.synced), float(record.sync_s)
                 scheduler.step()
                 synced += is_synced
                 controller.update(step=step, compute_s=compute_s)
-                acc = float((out.argmax(1) == y).float().mean()) if len(y) else float("nan")
                 seen += big_b
                 now = elapsed0 + time.perf_counter() - t0
-                metrics.write(
-                    "step",
-                    step=step,
-                    epoch=step // spe,
-                    time=now,
-                    loss=float(loss.detach()),
-                    acc=acc,
-                    batch=b,
-                    compute_s=compute_s,
-                    sync_s=sync_s,
-                    synced=is_synced,
-                    decision="SYNC" if is_synced else "LOCAL",
-                    skipped=bool(bad),
-                    lr=scheduler.get_last_lr()[0],
-                )
-                if bar is not None:
-                    bar.set_postfix(
-                        loss=f"{float(loss.detach()):.3f}",
-                        acc=f"{acc:.2f}",
-                        sps=f"{seen / (time.perf_counter() - t0):,.0f}",
-                        refresh=False,
+                with torch.no_grad():  # tensors, made numbers when the metrics are written
+                    acc = (out.argmax(1) == y).float().mean() if len(y) else float("nan")
+                    metrics.write(
+                        "step",
+                        step=step,
+                        epoch=step // spe,
+                        time=now,
+                        loss=loss.detach(),
+                        acc=acc,
+                        batch=b,
+                        compute_s=compute_s,
+                        sync_s=sync_s,
+                        synced=is_synced,
+                        decision="SYNC" if is_synced else "LOCAL",
+                        skipped=bool(bad),
+                        lr=scheduler.get_last_lr()[0],
                     )
+                if bar is not None:
+                    if step % 20 == 0 or step + 1 == total:
+                        bar.set_postfix(
+                            loss=f"{float(loss.detach()):.3f}",
+                            acc=f"{float(acc):.2f}",
+                            sps=f"{seen / (time.perf_counter() - t0):,.0f}",
+                            refresh=False,
+                        )
                     bar.update(1)
                 epoch_done = (step + 1) % spe == 0
+                if epoch_done:
+                    metrics.flush()
                 every = cfg.eval_every * spe
                 if epoch_done and rank == 0 and every and (step + 1) % every == 0:
                     test_acc = evaluate(model, test_set)
@@ -341,6 +367,8 @@ def train(
             test_acc = evaluate(model, test_set)
     finally:
         metrics.close()
+        if guard is not None:
+            guard.remove()
     done = total - start
     summary = {
         "test_acc": test_acc,

@@ -8,8 +8,12 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 
 def _clean(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):  # kept as a tensor until written: no per-step host sync
+        value = value.item()
     # JSON has no NaN/Inf; write them as null so every reader can parse the file.
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -19,26 +23,44 @@ def _clean(value: Any) -> Any:
 class MetricsWriter:
     """Appends records to ``<run_dir>/metrics/rank<k>.jsonl`` (append: a resumed run continues it).
 
+    Records are buffered in memory and written by :meth:`flush` (the loop flushes at epoch ends
+    and checkpoints), by :meth:`close`, or when ``buffer`` records are waiting: a training step
+    only appends to a list. Tensor values are converted to numbers when written.
+
     Args:
         run_dir: the run directory.
         rank: this process's rank (names the file).
+        buffer: records held before an automatic flush.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int, *, buffer: int = 1000) -> None:
         self.path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("a", buffering=1)
+        self._file: IO[str] | None = self.path.open("a")
+        self._buffer = max(1, int(buffer))
+        self._pending: list[dict[str, Any]] = []
 
     def write(self, kind: str, **fields: Any) -> None:
-        """Write one record ``{"kind": kind, **fields}``."""
+        """Queue one record ``{"kind": kind, **fields}``."""
         if self._file is None:
             raise ValueError(f"{self.path} is closed")
-        record = {"kind": kind, **{k: _clean(v) for k, v in fields.items()}}
-        self._file.write(json.dumps(record) + "\n")
+        self._pending.append({"kind": kind, **fields})
+        if len(self._pending) >= self._buffer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued records and flush the file."""
+        if self._file is None or not self._pending:
+            return
+        lines = [json.dumps({k: _clean(v) for k, v in r.items()}) for r in self._pending]
+        self._pending.clear()
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Write what is queued and close the file."""
         if self._file is not None:
+            self.flush()
             self._file.close()
             self._file = None
 

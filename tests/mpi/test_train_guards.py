@@ -5,11 +5,13 @@ Each bad input differs on one rank only; the error must be raised on every rank 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from hethpc import comm
+from hethpc.sync import make_policy
 from hethpc.train import (
     ConfigError,
     ModelMismatchError,
@@ -81,3 +83,25 @@ def test_nonfinite_vote_is_agreed(world: tuple[int, int], bad_rank: int | None) 
     r, n = world
     bad = None if bad_rank is None else bad_rank % n
     assert nonfinite_ranks(r == bad) == ([] if bad is None else [bad])
+
+
+@pytest.mark.parametrize("policy", ["bsp", "fedavg"], ids=["bsp", "fedavg"])
+def test_unchecked_weights_average_like_checked(world: tuple[int, int], policy: str) -> None:
+    # The loop turns the per-step weight check off (its weights come from agreed sizes): the
+    # result must be the same as with the check, with unequal shares b_k / B.
+    r, n = world
+    sizes = np.arange(1, n + 1)
+    kw = {"period": 1} if policy == "fedavg" else {}
+    finals = []
+    for check in (True, False):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        sync = make_policy(policy, check_weights=check, **kw)
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.full((2, 3), float(r + step))).pow(2).sum().backward()
+            sync.step(model, opt, weight=float(sizes[r] / sizes.sum()))
+        finals.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*finals, strict=True):
+        torch.testing.assert_close(a, b)
