@@ -52,6 +52,9 @@ class ShardedDataset:
         counts = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._chunk = manifest.chunk_samples
+        self._sizes = counts
+        chunk_bytes = self._chunk * int(np.prod(manifest.sample_shape)) * self.dtype.itemsize
+        self._nslots = max(1, self.cache_bytes // max(1, chunk_bytes))
         self._reset()
 
     def _reset(self) -> None:
@@ -60,14 +63,15 @@ class ShardedDataset:
         self._x: dict[int, h5py.Dataset] = {}
         self._spaces: dict[int, h5s.SpaceID] = {}  # file dataspace per shard, reselected
         self._mspaces: dict[int, h5s.SpaceID] = {}  # memory dataspace per sample count
-        self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-        self._cached = 0
-        self._free: list[np.ndarray] = []  # buffers of evicted chunks, for reuse
+        # Decoded chunks: a slab of slots, allocated on first use; LRU map key -> slot.
+        self._slab: np.ndarray | None = None
+        self._cache: OrderedDict[int, int] = OrderedDict()
+        self._free = list(range(self._nslots))[::-1]
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        for k in ("_files", "_x", "_spaces", "_mspaces", "_cache", "_lock", "_pid", "_cached",
+        for k in ("_files", "_x", "_spaces", "_mspaces", "_slab", "_cache", "_lock", "_pid",
                   "_free"):
             d.pop(k, None)
         return d
@@ -142,88 +146,106 @@ class ShardedDataset:
                 "(open_dataset(..., verify=True))"
             ) from e
 
-    def _read_chunk(self, shard: int, chunk: int) -> np.ndarray:
-        """One decoded chunk, from the LRU cache or read into a recycled buffer."""
-        key = (shard, chunk)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        a = chunk * self._chunk
-        b = min(a + self._chunk, int(self._starts[shard + 1] - self._starts[shard]))
-        # Evicted chunks' buffers are reused: no allocation (or page faults) per chunk.
-        buf = self._free.pop() if self._free else np.empty(
-            (self._chunk, *self.sample_shape), dtype=self.dtype
-        )
-        data = buf[: b - a]
-        try:
-            self._read_into(shard, a, b, data)
-        except ShardError:
-            self._free.append(buf)
-            raise
-        self._cache[key] = data
-        self._cached += buf.nbytes
-        while self._cached > self.cache_bytes and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._cached -= old.base.nbytes if old.base is not None else old.nbytes
-            if len(self._free) < 4 and old.base is not None:
-                self._free.append(old.base)
-        return data
+    def _slots(self, keys: list[int]) -> np.ndarray:
+        """Cache slots holding chunks ``keys`` (``shard << 32 | chunk``), reading missing ones.
+
+        At most ``len(self._slab)`` keys; none of them is evicted by the others.
+        """
+        if self._slab is None:
+            self._slab = np.empty((self._nslots, self._chunk, *self.sample_shape), self.dtype)
+        slots = np.empty(len(keys), dtype=np.int64)
+        missing = []
+        for i, k in enumerate(keys):
+            slot = self._cache.get(k)
+            if slot is None:
+                missing.append(i)
+            else:
+                self._cache.move_to_end(k)  # used now: evict others first
+                slots[i] = slot
+        for i in missing:
+            k = keys[i]
+            shard, chunk = k >> 32, k & 0xFFFFFFFF
+            slot = self._free.pop() if self._free else self._cache.popitem(last=False)[1]
+            a = chunk * self._chunk
+            b = min(a + self._chunk, int(self._sizes[shard]))
+            try:
+                self._read_into(shard, a, b, self._slab[slot, : b - a])
+            except ShardError:
+                self._free.append(slot)
+                raise
+            self._cache[k] = slot
+            slots[i] = slot
+        return slots
 
     def _fill(
         self, out: np.ndarray, pos: np.ndarray | None, shard: np.ndarray, local: np.ndarray
     ) -> None:
         """Fill ``out`` from samples ``(shard, local)`` sorted by storage position.
 
-        ``pos[i]`` is the row of ``out`` for the i-th sample (``None``: row ``i``). Runs of
-        consecutive samples that cover whole chunks are read from the file straight into
-        ``out`` (one HDF5 call per run, no cache, no extra copy); the other samples are copied
-        from cached chunks, one gather per chunk.
+        ``pos[i]`` is the row of ``out`` for the i-th sample (``None``: row ``i``). Whole
+        chunks requested in storage order (and not cached) are read from the file straight
+        into ``out``, neighbouring ones in one HDF5 call; the other samples are copied from
+        chunks in the cache, a slab of chunk slots, by one fancy-indexing copy for all of them
+        (no Python loop over samples or chunks, bar one read per missing chunk).
         """
         m = len(local)
         if m == 0:
             return
-        key = shard * (1 << 32) + local // self._chunk
-        # Run starts: a new chunk, or a gap in the storage positions.
-        step = np.diff(shard * (1 << 32) + local)
-        cuts = np.flatnonzero((np.diff(key) != 0) | (step != 1)) + 1
-        starts, ends = np.r_[0, cuts], np.r_[cuts, m]
-        i, nrun = 0, len(starts)
-        while i < nrun:
-            a, b = int(starts[i]), int(ends[i])
-            s, la = int(shard[a]), int(local[a])
-            c = la // self._chunk
-            size = int(self._starts[s + 1] - self._starts[s])
-            whole = la == c * self._chunk and b - a == min(self._chunk, size - la)
-            if pos is None and whole and (s, c) not in self._cache:
-                # Whole chunks in a row: extend over the following whole, uncached chunks.
+        c_len = self._chunk
+        chunk = local // c_len
+        key = (shard << 32) | chunk
+        first = np.r_[True, key[1:] != key[:-1]]
+        gstart = np.flatnonzero(first)
+        gend = np.r_[gstart[1:], m]
+        gkey, gshard, gchunk = key[gstart], shard[gstart], chunk[gstart]
+        direct = np.zeros(len(gstart), dtype=bool)
+        if pos is None:
+            clen = np.minimum(c_len, self._sizes[gshard] - gchunk * c_len)
+            dup = np.r_[False, local[1:] == local[:-1]] & ~first
+            ndup = np.add.reduceat(dup.astype(np.int64), gstart)
+            direct = (
+                (gend - gstart == clen) & (local[gstart] == gchunk * c_len) & (ndup == 0)
+            )
+            for g in np.flatnonzero(direct):
+                if int(gkey[g]) in self._cache:
+                    direct[g] = False
+            dg = np.flatnonzero(direct)
+            i = 0
+            while i < len(dg):
                 j = i + 1
-                while j < nrun:
-                    a2, b2 = int(starts[j]), int(ends[j])
-                    l2 = int(local[a2])
-                    c2 = l2 // self._chunk
-                    n2 = int(self._starts[s + 1] - self._starts[s]) - c2 * self._chunk
-                    if (int(shard[a2]) != s or l2 != int(local[b - 1]) + 1
-                            or b2 - a2 != min(self._chunk, n2) or (s, c2) in self._cache):
-                        break
-                    b = b2
+                while (
+                    j < len(dg)
+                    and dg[j] == dg[j - 1] + 1
+                    and gshard[dg[j]] == gshard[dg[i]]
+                    and gchunk[dg[j]] == gchunk[dg[j - 1]] + 1
+                ):
                     j += 1
-                self._read_into(s, la, la + (b - a), out[a:b])
+                a, b = int(gstart[dg[i]]), int(gend[dg[j - 1]])
+                la = int(local[a])
+                self._read_into(int(gshard[dg[i]]), la, la + (b - a), out[a:b])
                 i = j
-                continue
-            # Samples of one chunk (maybe several runs of it): gather from the cached chunk.
-            j = i + 1
-            while j < nrun and key[starts[j]] == key[a]:
-                j += 1
-            b = int(ends[j - 1])
-            data = self._read_chunk(s, c)
-            loc = local[a:b] - c * self._chunk
-            src = data[int(loc[0]) : int(loc[-1]) + 1] if j == i + 1 else data[loc]
-            if pos is None:
-                out[a:b] = src
+        rest = np.flatnonzero(~direct)
+        if not len(rest):
+            return
+        group = np.cumsum(first) - 1  # each sample's group
+        for s0 in range(0, len(rest), self._nslots):
+            groups = rest[s0 : s0 + self._nslots]
+            slot_of = np.zeros(len(gstart), dtype=np.int64)
+            slot_of[groups] = self._slots(gkey[groups].tolist())
+            if len(groups) == len(gstart):
+                rows = slice(None)
+                sg, sl = group, local - chunk * c_len
             else:
-                out[pos[a:b]] = src
-            i = j
+                keep = np.zeros(len(gstart), dtype=bool)
+                keep[groups] = True
+                rows = np.flatnonzero(keep[group])
+                sg, sl = group[rows], local[rows] - chunk[rows] * c_len
+            flat = self._slab.reshape(-1, *self.sample_shape)  # type: ignore[union-attr]
+            src = flat[slot_of[sg] * c_len + sl]
+            if pos is None:
+                out[rows] = src
+            else:
+                out[pos[rows]] = src
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order.
@@ -269,8 +291,8 @@ class ShardedDataset:
             self._x.clear()
             self._spaces.clear()
             self._cache.clear()
-            self._cached = 0
-            self._free.clear()
+            self._slab = None
+            self._free = list(range(self._nslots))[::-1]
 
 
 def _problem_files(root: Path, manifest: Manifest) -> list[str]:
