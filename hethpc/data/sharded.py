@@ -233,7 +233,7 @@ class ShardedDataset:
             slot_of = np.zeros(len(gstart), dtype=np.int64)
             slot_of[groups] = self._slots(gkey[groups].tolist())
             if len(groups) == len(gstart):
-                rows = slice(None)
+                rows: slice | np.ndarray = slice(None)
                 sg, sl = group, local - chunk * c_len
             else:
                 keep = np.zeros(len(gstart), dtype=bool)
