@@ -7,8 +7,13 @@ train the same 1-D CNN from the same initial weights on MNIST-1D (40,000 trainin
 same global batch, optimizer and seed, one after the other in the same job: first the plain
 loop (``hvd.DistributedOptimizer``, each rank slicing a shuffled global batch), then
 ``hethpc.train.train`` with BSP (loader, batch controller, sync policy, non-finite vote,
-metrics and watchdog all on, evaluation only at the end). Goal (issue 7): hethpc's epoch time
-at most 1.05x Horovod's, its test accuracy within 0.5 points. The last line is one JSON object.
+metrics and watchdog all on, evaluation only at the end). Both loops take the same number of
+steps per epoch (ceil(n / B)) from uniformly shuffled epochs at the same learning rate, and both
+time every epoch from their first step (setup excluded on both sides). The machine may be
+shared, so besides the mean epoch time the median epoch time of each is reported, and the ratio
+the goal is judged by is the ratio of medians (``epoch_time_ratio``; ``mean_ratio`` beside it).
+Goal (issue 7): hethpc's epoch time at most 1.05x Horovod's, its test accuracy within 0.5
+points. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from hethpc import comm  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import build_model  # noqa: E402
-from hethpc.train import TrainConfig, evaluate, train  # noqa: E402
+from hethpc.train import TrainConfig, evaluate, read_metrics, train  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,8 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def horovod_loop(args: argparse.Namespace, train_set: ArrayDataset) -> tuple[float, nn.Module]:
-    """The plain Horovod data-parallel loop; returns (seconds of training, model)."""
+def horovod_loop(
+    args: argparse.Namespace, train_set: ArrayDataset
+) -> tuple[list[float], nn.Module]:
+    """The plain Horovod data-parallel loop; returns (seconds of each epoch, model)."""
     import horovod.torch as hvd  # the baseline is plain Horovod, on purpose
 
     rank, size = comm.rank(), comm.size()
@@ -67,6 +74,7 @@ def horovod_loop(args: argparse.Namespace, train_set: ArrayDataset) -> tuple[flo
     b, n = args.batch_size // size, len(train_set)
     steps = -(-n // args.batch_size)
     t0 = time.perf_counter()
+    ends = []
     for epoch in range(args.epochs):
         perm = np.random.default_rng(args.seed + epoch).permutation(n)
         perm = np.concatenate([perm, perm[: steps * args.batch_size - n]])  # wrap the last batch
@@ -76,10 +84,20 @@ def horovod_loop(args: argparse.Namespace, train_set: ArrayDataset) -> tuple[flo
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
+        ends.append(time.perf_counter() - t0)
         if rank == 0:
             print(f"  horovod epoch {epoch + 1}/{args.epochs}  {time.perf_counter() - t0:.1f} s",
                   flush=True)  # fmt: skip
-    return time.perf_counter() - t0, model
+    return list(np.diff([0.0, *ends])), model
+
+
+def hethpc_epochs(run_dir: Path, epochs: int) -> list[float]:
+    """Seconds of each epoch of rank 0, from its step records (``time`` at each epoch's end)."""
+    ends: dict[int, float] = {}
+    for r in read_metrics(run_dir / "metrics" / "rank0.jsonl"):
+        if r["kind"] == "step":
+            ends[int(r["epoch"])] = float(r["time"])  # the last step of each epoch wins
+    return list(np.diff([0.0, *(ends[e] for e in sorted(ends))]))[:epochs]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -96,7 +114,7 @@ def worker(args: argparse.Namespace) -> None:
         f"{args.batch_size}, {args.epochs} epochs per loop", flush=True)  # fmt: skip
 
     say("plain Horovod (hvd.DistributedOptimizer):", flush=True)
-    hvd_s, hvd_model = horovod_loop(args, train_set)
+    hvd_epochs, hvd_model = horovod_loop(args, train_set)
     hvd_acc = evaluate(hvd_model, test_set)
 
     say("hethpc (jobs/train.py's loop, BSP):", flush=True)
@@ -108,17 +126,24 @@ def worker(args: argparse.Namespace) -> None:
     )  # fmt: skip
     result = train(cfg, overwrite=True, log=lambda m: say("  " + m, flush=True))
     het_s, het_acc = float(result.summary["time_s"]), float(result.summary["test_acc"])
+    het_epochs = hethpc_epochs(Path(run_dir), args.epochs) if rank == 0 else []
 
-    hvd_epoch, het_epoch = hvd_s / args.epochs, het_s / args.epochs
-    ratio = het_epoch / hvd_epoch
-    say(f"\n{'':10}{'epoch time':>12}{'test acc':>10}")
-    say(f"{'horovod':10}{hvd_epoch:>10.2f} s{100 * hvd_acc:>9.2f}%")
-    say(f"{'hethpc':10}{het_epoch:>10.2f} s{100 * het_acc:>9.2f}%")
-    say(f"ratio {ratio:.3f} (goal <= 1.05), accuracy gap {100 * (het_acc - hvd_acc):+.2f} points "
-        "(goal within 0.5)")  # fmt: skip
+    hvd_epoch, het_epoch = float(np.mean(hvd_epochs)), het_s / args.epochs
+    hvd_med = float(np.median(hvd_epochs))
+    het_med = float(np.median(het_epochs)) if het_epochs else het_epoch
+    ratio, mean_ratio = het_med / hvd_med, het_epoch / hvd_epoch
+    say("per-epoch seconds, horovod: " + " ".join(f"{t:.2f}" for t in hvd_epochs))
+    say("per-epoch seconds, hethpc:  " + " ".join(f"{t:.2f}" for t in het_epochs))
+    say(f"\n{'':10}{'mean epoch':>12}{'median':>10}{'test acc':>10}")
+    say(f"{'horovod':10}{hvd_epoch:>10.2f} s{hvd_med:>8.2f} s{100 * hvd_acc:>9.2f}%")
+    say(f"{'hethpc':10}{het_epoch:>10.2f} s{het_med:>8.2f} s{100 * het_acc:>9.2f}%")
+    say(f"ratio of medians {ratio:.3f} (goal <= 1.05; of means {mean_ratio:.3f}), accuracy gap "
+        f"{100 * (het_acc - hvd_acc):+.2f} points (goal within 0.5)")  # fmt: skip
     say(json.dumps({
         "hethpc_epoch_s": round(het_epoch, 4), "horovod_epoch_s": round(hvd_epoch, 4),
-        "epoch_time_ratio": round(ratio, 4), "hethpc_test_acc": round(het_acc, 4),
+        "hethpc_median_epoch_s": round(het_med, 4), "horovod_median_epoch_s": round(hvd_med, 4),
+        "epoch_time_ratio": round(ratio, 4), "mean_ratio": round(mean_ratio, 4),
+        "hethpc_test_acc": round(het_acc, 4),
         "horovod_test_acc": round(hvd_acc, 4),
         "acc_gap_points": round(100 * (het_acc - hvd_acc), 2), "epochs": args.epochs,
         "ranks": comm.size(), "train_samples": len(train_set), "quick": args.quick,
@@ -133,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     me = str(Path(__file__).resolve())
     cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", str(args.np), sys.executable, me,
            *(argv if argv is not None else sys.argv[1:])]  # fmt: skip
-    # Busy-polling MPI waits starve Horovod's and the loader's threads on oversubscribed cores.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "900",
-           "OMPI_MCA_mpi_yield_when_idle": "1"}  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "900"}
     return subprocess.run(cmd, env=env, cwd=ROOT).returncode
 
 
