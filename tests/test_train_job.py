@@ -6,6 +6,7 @@ samples, 2 ranks, 50 steps), so it is skipped when pytest itself runs under mpir
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,43 @@ def test_fresh_run_refuses_to_overwrite_a_previous_one(uninterrupted: Path, cach
     proc, _ = _launch([sys.executable, str(JOB), *_args(cache, uninterrupted)], np=0)
     assert proc.returncode != 0
     assert "already holds a run" in proc.stderr
+
+
+def test_pipeline_stages_train_through_the_job(cache: Path, tmp_path: Path) -> None:
+    # P=2 stages of the 'large' model on 2 ranks (D=1): the loss falls, accuracy beats chance,
+    # and the losses are those of the same model trained in one process (same batches).
+    argv = [
+        "--samples", "2000", "--batch-size", "32", "--model", "large", "--epochs", "2",
+        "--max-steps", "60", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "4",
+        "--cache-dir", str(cache), "--progress", "false", "--eval-every", "0",
+    ]  # fmt: skip
+    pipe, one = tmp_path / "pipe", tmp_path / "one"
+    proc, _ = _launch([*argv, "--pipeline-stages", "2", "--run-dir", str(pipe)], timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "2 pipeline stages x 1 replica(s)" in out, out
+    summary = json.loads((pipe / "summary.json").read_text())
+    assert summary["pipeline_stages"] == 2 and len(summary["balance"]) == 2
+    assert summary["final_loss"] < 0.9 * summary["first_loss"], summary
+    assert summary["test_acc"] > 0.2, summary  # 10 classes: chance is 0.1
+    last = [m for m in read_metrics(pipe / "metrics" / "rank1.jsonl") if m["kind"] == "step"]
+    assert len(last) == 60
+    proc, _ = _launch([*argv, "--run-dir", str(one)], np=1, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ref = [m["loss"] for m in read_metrics(one / "metrics" / "rank0.jsonl") if m["kind"] == "step"]
+    assert [m["loss"] for m in last][:10] == pytest.approx(ref[:10], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (("--pipeline-stages", "3"), "must divide the number of ranks 2"),
+        (("--pipeline-stages", "2", "--sync", "selsync"), "supports only: --sync bsp"),
+    ],
+    ids=["indivisible", "unsupported-sync"],
+)
+def test_pipeline_settings_are_refused(
+    cache: Path, tmp_path: Path, extra: tuple[str, ...], match: str
+) -> None:
+    proc, _ = _launch(_args(cache, tmp_path, "--model", "large", *extra))
+    assert proc.returncode != 0 and match in proc.stdout + proc.stderr, proc.stdout + proc.stderr

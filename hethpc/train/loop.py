@@ -31,6 +31,7 @@ from hethpc.train.guards import (
     poison_if_nonfinite_,
 )
 from hethpc.train.metrics import MetricsWriter
+from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
 from hethpc.train.state import gather_state, restore_state
 from hethpc.train.watchdog import Watchdog
@@ -149,10 +150,7 @@ def train(
     say = log if rank == 0 else (lambda _msg: None)
     check_same_config(cfg)
     if cfg.pipeline_stages > 1:
-        raise ConfigError(
-            "--pipeline-stages > 1 is not wired into jobs/train.py yet; use hethpc.pipeline "
-            "directly (see benchmarks/bench_pipeline.py) or run with --pipeline-stages 1"
-        )
+        check_pipeline_config(cfg, size)
     if torch.cuda.is_available():
         # CPU kernels used here are deterministic already; on CPU this call would only cost
         # seconds of imports (it loads torch._inductor).
@@ -178,6 +176,19 @@ def train(
     model = build(cfg, train_set)
     check_same_model(model)
     comm.broadcast_model(model)
+    if cfg.pipeline_stages > 1:
+        if not isinstance(model, nn.Sequential):
+            raise ConfigError(f"--model {cfg.model} cannot be cut into pipeline stages")
+        summary, pipe = train_pipeline(
+            cfg,
+            model=model,
+            make_optimizer=lambda m, n: make_optimizer(cfg, m, n),
+            train_set=train_set,
+            test_set=test_set,
+            run_dir=run_dir,
+            say=say,
+        )
+        return RunResult(summary=summary, model=pipe.module, run_dir=run_dir)
 
     loader = parts.make_loader(cfg, train_set, rank=rank, world_size=size)
     controller = parts.make_controller(cfg)
