@@ -29,7 +29,7 @@ test-mpi:
 	$(MPIRUN) -np 3 $(PYTEST_MPI)
 
 bench: setup
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check hethpc jobs data_tools benchmarks tests

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import torch
-
 from _launch import relaunch, under_mpi
+
 from hethpc import comm
 
 

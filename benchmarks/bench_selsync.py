@@ -1,7 +1,8 @@
 """BSP vs SelSync on a communication-heavy model: wall time per step and per epoch.
 
-    flock /tmp/hethpc-bench.lock \
-        scripts/mpirun.sh -np 2 .venv/bin/python benchmarks/bench_selsync.py [--quick]
+    .venv/bin/python benchmarks/bench_selsync.py [--quick]
+
+Started as a plain process it relaunches itself on 2 ranks (``--ranks``).
 
 Both methods run in the same job, one after the other, from the same initial model and on the
 same synthetic data (a random teacher labels Gaussian inputs). The model is an MLP of tens of
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 import torch
+from _launch import relaunch, under_mpi
 from torch import nn
 
 from hethpc import comm
@@ -29,7 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per method")
-    p.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    p.add_argument("--steps", type=int, default=100, help="steps per epoch")
+    p.add_argument("--ranks", type=int, default=2, help="ranks when relaunching")
     p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     p.add_argument("--width", type=int, default=3072, help="hidden width (3072: 15.8 M params)")
     p.add_argument("--threshold", type=float, default=0.3, help="SelSync threshold")
@@ -98,6 +101,8 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not under_mpi():
+        return relaunch(__file__, args.ranks, argv)
     comm.abort_on_exception()
     comm.init()
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """Run every benchmark and write benchmarks/RESULTS.md: each figure beside its goal.
 
-    .venv/bin/python benchmarks/run_all.py            # every benchmarks/bench_*.py with --quick
-    .venv/bin/python benchmarks/run_all.py --full     # their default (longer) runs
+    .venv/bin/python benchmarks/run_all.py            # every benchmarks/bench_*.py, default runs
+    .venv/bin/python benchmarks/run_all.py --quick    # their --quick smoke runs
 
 Each benchmark runs under ``flock /tmp/hethpc-bench.lock`` (never two at once on a shared
 machine); its last stdout line is one JSON object. The goals below come from the issues; a
@@ -27,7 +27,29 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
         "epoch_time_ratio": ("<= 1.05 (hethpc / Horovod epoch time)", lambda v: v <= 1.05),
         "acc_gap_points": ("within 0.5 points of Horovod", lambda v: abs(v) <= 0.5),
     },
+    "bench_loader": {
+        "loader_vs_raw": (">= 0.7 (raw contiguous h5py reads)", lambda v: v >= 0.7),
+        "loader_vs_naive": (">= 10 (per-sample Dataset + DataLoader)", lambda v: v >= 10),
+    },
+    "bench_dynbatch": {
+        "speedup": (">= 1.8 (uniform / dynamic epoch time, 3x slowdown)", lambda v: v >= 1.8),
+        "dynamic_over_ideal": ("<= 1.10 (within 10 % of ideal)", lambda v: v <= 1.10),
+        "adjustments_to_balance": ("<= 3", lambda v: v is not None and v <= 3),
+        "intervals_to_rebalance": ("<= 2", lambda v: v is not None and v <= 2),
+        "steady_adjustments": ("0", lambda v: v == 0),
+        "accuracy_gap_points": ("within 1 point of uniform", lambda v: abs(v) <= 1.0),
+    },
+    "bench_selsync": {
+        "speedup": (">= 1.5 (BSP / SelSync epoch time)", lambda v: v >= 1.5),
+    },
+    "bench_pipeline": {
+        "speedup": (">= 1.6 (2-stage pipeline / one rank; ideal 1.78)", lambda v: v >= 1.6),
+        "peak_1f1b_flat_in_m": ("true", lambda v: v is True),
+    },
 }
+
+# Keys whose values are long lists of per-step or per-decision detail: kept out of the table.
+_LONG = 120
 
 
 def run_one(path: Path, *, quick: bool, timeout: float) -> tuple[dict | None, float, str]:
@@ -62,9 +84,9 @@ def render(results: dict[str, tuple[dict | None, float, str]], quick: bool) -> s
     lines = [
         "# Benchmark results",
         "",
-        f"`make bench` ({'quick runs: --quick' if quick else 'full runs'}), "
+        f"`make bench` ({'quick runs: --quick' if quick else 'default runs'}), "
         f"{time.strftime('%Y-%m-%d %H:%M')}. Goals from the issues; quick runs are smoke runs "
-        "whose figures say less about the goals than full ones (`benchmarks/run_all.py --full`).",
+        "whose figures say less about the goals than the default ones.",
         "",
         "| benchmark | figure | value | goal | met |",
         "| --- | --- | --- | --- | --- |",
@@ -75,9 +97,15 @@ def render(results: dict[str, tuple[dict | None, float, str]], quick: bool) -> s
             continue
         goals = GOALS.get(name, {})
         for key, value in data.items():
+            if len(json.dumps(value)) > _LONG:
+                continue
             goal, test = goals.get(key, ("", None))
             met = "" if test is None else ("yes" if test(value) else "no")  # type: ignore[operator]
             lines.append(f"| {name} | {key} | {json.dumps(value)} | {goal} | {met} |")
+    lines += ["", "## Last JSON line of each benchmark", ""]
+    for name, (data, _took, _tail) in results.items():
+        if data is not None:
+            lines += [f"`{name}`:", "", "```json", json.dumps(data), "```", ""]
     failed = [n for n, (d, _, _) in results.items() if d is None]
     for name in failed:
         lines += ["", f"## {name} failed", "", "```", results[name][2].strip(), "```"]
@@ -86,7 +114,7 @@ def render(results: dict[str, tuple[dict | None, float, str]], quick: bool) -> s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--full", action="store_true", help="default runs instead of --quick")
+    p.add_argument("--quick", action="store_true", help="each benchmark's short --quick run")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per benchmark")
     p.add_argument("--only", nargs="*", default=None, help="benchmark names to run")
     p.add_argument("--out", type=Path, default=HERE / "RESULTS.md", help="results file")
@@ -97,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for path in paths:
         print(f"== {path.name}", flush=True)
-        data, took, tail = run_one(path, quick=not args.full, timeout=args.timeout)
+        data, took, tail = run_one(path, quick=args.quick, timeout=args.timeout)
         results[path.stem] = (data, took, tail)
         print(f"   {'ok' if data else 'FAILED'} in {took:.0f} s: {json.dumps(data)}", flush=True)
-    args.out.write_text(render(results, quick=not args.full))
+    args.out.write_text(render(results, quick=args.quick))
     print(f"wrote {args.out}")
     return 0 if all(d is not None for d, _, _ in results.values()) else 1
 

@@ -38,7 +38,17 @@ def gradient_norm(parameters: Iterable[torch.nn.Parameter], *, kind: NormKind = 
     grads = [p.grad.detach() for p in parameters if p.grad is not None]
     if not grads:
         return 0.0
-    norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
+    # Each tensor's norm in its own precision (float32 for half types): casting every gradient
+    # to float64 first costs a full extra pass over the model each step. Only the per-tensor
+    # norms are combined in float64.
+    norms = torch.stack(
+        [
+            torch.linalg.vector_norm(
+                g, dtype=torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else None
+            ).to(torch.float64)
+            for g in grads
+        ]
+    )
     if kind == "global":
         return float(torch.linalg.vector_norm(norms))
     return float(norms.sum())
