@@ -191,6 +191,11 @@ def train(
         return RunResult(summary=summary, model=pipe.module, run_dir=run_dir)
 
     loader = parts.make_loader(cfg, train_set, rank=rank, world_size=size)
+    partition_lengths = (
+        None
+        if cfg.partition in ("iid", "seldp")
+        else np.asarray(comm.allgather_object(loader.length))
+    )
     controller = parts.make_controller(cfg)
     policy = parts.make_policy(cfg)
     injector = parts.make_injector(cfg)
@@ -274,6 +279,10 @@ def train(
             for step in range(start, total):
                 sizes = np.asarray(controller.batch_sizes)
                 b, big_b = int(sizes[rank]), int(sizes.sum())
+                weight = parts.gradient_weight(
+                    cfg.partition, rank=rank, batch_sizes=sizes,
+                    partition_lengths=partition_lengths,
+                )  # fmt: skip
                 ask = (
                     sizes
                     if injector is None
@@ -296,15 +305,13 @@ def train(
                     poison_if_nonfinite_(loss, grads)
                     mine = [g for g in grads if g is not None] or [loss.detach().reshape(1)]
                     local_bad = ~torch.isfinite(torch.stack(torch._foreach_norm(mine)).sum())
-                    record = policy.step(model, optimizer, weight=b / big_b, compute_s=compute_s)
+                    record = policy.step(model, optimizer, weight=weight, compute_s=compute_s)
                     if guard.tripped:
                         bad = nonfinite_ranks(bool(local_bad)) or list(range(size))
                 else:
                     bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in params)))
                     if not bad:
-                        record = policy.step(
-                            model, optimizer, weight=b / big_b, compute_s=compute_s
-                        )
+                        record = policy.step(model, optimizer, weight=weight, compute_s=compute_s)
                 if bad:
                     where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"
                     if cfg.on_nonfinite == "stop":

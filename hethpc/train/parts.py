@@ -59,6 +59,29 @@ def make_loader(
     )
 
 
+def gradient_weight(
+    partition: str, *, rank: int, batch_sizes: np.ndarray, partition_lengths: np.ndarray | None
+) -> float:
+    """This rank's weight in the averaged update (the weights of all ranks sum to 1).
+
+    In IID modes (``iid``, ``seldp``) a rank's batch is its slice of one global batch, so the
+    weight ``b_k / B`` makes the update the gradient of those ``B`` samples. In partitioned
+    (non-IID) modes a rank's mean gradient stands for its own partition: weighting it by batch
+    share would let the rank with the larger batch (the fast one, under dynamic batching) pull
+    the model toward its own labels, so the weight is the partition's share of the data.
+
+    Args:
+        partition: the partition setting (``iid``, ``seldp``, ``labels``, ``dirichlet``).
+        rank: this rank.
+        batch_sizes: every rank's batch size this step.
+        partition_lengths: every rank's number of samples (partitioned modes).
+    """
+    if partition in ("iid", "seldp") or partition_lengths is None:
+        return float(batch_sizes[rank]) / float(np.sum(batch_sizes))
+    lengths = np.asarray(partition_lengths, dtype=np.float64)
+    return float(lengths[rank] / lengths.sum())
+
+
 def make_injector(cfg: TrainConfig) -> Injector | None:
     """The data injector, or None when injection is off (alpha or beta is 0)."""
     if cfg.inject_alpha == 0 or cfg.inject_beta == 0:
