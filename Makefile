@@ -12,10 +12,13 @@ setup:
 	@bash scripts/setup.sh
 
 ## The README's main command: 2 ranks (rank 1 emulated 2x slower) train on label-skewed
-## MNIST-1D with injection, dynamic batching and SelSync (jobs/demo.toml); then the plots.
+## MNIST-1D with injection, dynamic batching and SelSync (jobs/demo.toml); then a baseline on the
+## same data and slow rank (uniform batches, BSP every step); then plots of both side by side.
 demo: setup
-	OMPI_MCA_mpi_yield_when_idle=1 $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
-	$(PY) jobs/report.py runs/demo
+	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
+	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS) \
+	    --run-dir runs/demo-baseline --batching uniform --sync bsp --inject-alpha 0
+	$(PY) jobs/report.py runs/demo runs/demo-baseline
 
 ## The README's test command: single-process tests, then the distributed ones on 2 and 3 ranks.
 test: setup

@@ -137,9 +137,15 @@ def large(
     return nn.Sequential(*layers)
 
 
+def cnn1d_wide(input_shape: Sequence[int], num_classes: int) -> nn.Sequential:
+    """:func:`cnn1d` with 128 channels: enough compute per sample that a slow rank shows."""
+    return cnn1d(input_shape, num_classes, channels=128)
+
+
 MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "mlp": mlp,
     "cnn1d": cnn1d,
+    "cnn1d_wide": cnn1d_wide,
     "resnet": resnet,
     "large": large,
 }
