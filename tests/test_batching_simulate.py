@@ -155,3 +155,58 @@ def test_four_ranks_one_3x_slower_converge_near_the_ideal_split(seed: int) -> No
     final = np.asarray(r.phase(0, 500).final_sizes)
     assert np.abs(final - ideal).max() <= 2, (final.tolist(), ideal.tolist())
     assert final[1] >= 6  # the slow rank keeps a fair share (not starved to 1)
+
+
+# The emulation's timing (benchmarks/bench_dynbatch.py: cnn1d(192) on one core, about 1.6 ms +
+# 0.18 ms per sample): an exponential delay added to every step (timer and scheduler jitter, so
+# the noise is larger, relatively, at small batches) and, on the slowed rank, the sleep's late
+# wake-up. The delays' means are real time: the ideal split moves from [100, 28] to about
+# [107, 21] (3 ms) or [110, 18] (5 ms).
+EMU = SimRank(per_sample_s=0.18e-3, per_step_s=1.6e-3)
+EMULATION = {
+    "abs-jitter-1ms": {"noise": 0.10, "abs_noise_s": 1e-3},
+    "sleep-jitter-3ms": {"noise": 0.10, "abs_noise_s": 0.5e-3, "sleep_jitter_s": 3e-3},
+    "sleep-jitter-5ms-noise15": {"noise": 0.15, "abs_noise_s": 1e-3, "sleep_jitter_s": 5e-3},
+}
+
+
+@pytest.mark.parametrize("case", list(EMULATION), ids=list(EMULATION))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_emulated_slowdown_balances_and_holds(case: str, seed: int) -> None:
+    r = simulate(
+        128, [EMU, EMU], steps=400, slowdown="1:3", spike_prob=0.02, seed=seed, **EMULATION[case]
+    )
+    f = r.phase(0, 400, 0.15)
+    assert f.balanced_at is not None and f.adjustments_to_balance <= 3, f
+    assert f.steady_adjustments <= 1 and f.final_imbalance <= 0.10, f
+    assert r.sizes[f.balanced_at :, 1].min() >= 12, f  # the slow rank's batch does not swing
+
+
+@pytest.mark.parametrize("case", ["abs-jitter-1ms", "sleep-jitter-3ms"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_emulated_3x_changes_rebalance_within_two_intervals(case: str, seed: int) -> None:
+    S = 100  # the benchmark's phases: 3x, 1x from step 100, 3x from step 200
+    r = simulate(
+        128,
+        [EMU, EMU],
+        steps=3 * S,
+        slowdown=f"1:3@0,1:1@{S},1:3@{2 * S}",
+        spike_prob=0.02,
+        seed=seed,
+        **EMULATION[case],
+    )
+    for start in (S, 2 * S):
+        f = r.phase(start, start + S, 0.15)
+        assert f.intervals_to_balance is not None and f.intervals_to_balance <= 2, (start, f)
+        assert f.steady_adjustments <= 1 and f.final_imbalance <= 0.10, (start, f)
+
+
+def test_drift_and_jitter_are_part_of_the_true_time() -> None:
+    r = simulate(
+        64, [EMU, EMU], steps=2000, noise=0.0, drift=0.1, interval=10**6, sleep_jitter_s=3e-3
+    )
+    per_step = np.log(r.true_s[:, 0] / (EMU.per_step_s + EMU.per_sample_s * 32))
+    assert per_step.std() == pytest.approx(0.1, rel=0.3)  # the drift's stationary sigma
+    assert np.corrcoef(per_step[:-1], per_step[1:])[0, 1] > 0.9  # slowly varying
+    slow = simulate(64, [EMU, EMU], steps=5, noise=0.0, slowdown="1:3", sleep_jitter_s=3e-3)
+    assert slow.true_s[0, 1] == pytest.approx(3 * (1.6e-3 + 0.18e-3 * 32) + 3e-3)

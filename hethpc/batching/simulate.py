@@ -1,12 +1,15 @@
 """A deterministic simulator of N ranks under the dynamic-batching control rule, without MPI.
 
-Each rank's compute time per step is ``factor * (per_step_s + per_sample_s * b)`` (a fixed
-per-step cost plus a per-sample cost, stretched by a :class:`SlowdownSchedule`), times
-lognormal noise and occasional spikes. Every rank feeds its own :class:`TimeEstimator`, and
-every ``interval`` steps the reports go through :func:`decide` exactly as the
-:class:`BatchController` does after its allgather. The figures (adjustments to balance,
-intervals to rebalance after a change, adjustments in steady phases) use the noise-free times,
-so they say how good the sizes really are, not how good they looked.
+Each rank's compute time per step is ``per_step_s + per_sample_s * b`` (a fixed per-step cost
+plus a per-sample cost) times lognormal noise, plus optional absolute jitter (the part of the
+timing noise that does not grow with the batch, so it is larger, relatively, at small batches),
+and occasional spikes; a :class:`SlowdownSchedule` then stretches it as the emulation does
+(``factor`` times the measured compute) and adds the sleep's wake-up delay; an optional drift
+(a slowly varying speed) models interference that lasts many steps. Every rank feeds its own
+:class:`TimeEstimator`, and every ``interval`` steps the reports go through :func:`decide`
+exactly as the :class:`BatchController` does after its allgather. The figures (adjustments to
+balance, intervals to rebalance after a change, adjustments in steady phases) use the noise-free
+times, so they say how good the sizes really are, not how good they looked.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class SimResult:
 
     Attributes:
         sizes: ``[steps, N]`` sizes in force at each step.
-        true_s: ``[steps, N]`` noise-free compute seconds at each step.
+        true_s: ``[steps, N]`` noise-free compute seconds at each step (with the mean delays).
         measured_s: ``[steps, N]`` the noisy seconds the estimators saw.
         adjustments: every decision, in order.
     """
@@ -121,6 +124,10 @@ def simulate(
     steps: int,
     slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
     noise: float = 0.25,
+    abs_noise_s: float = 0.0,
+    sleep_jitter_s: float = 0.0,
+    drift: float = 0.0,
+    drift_steps: float = 20.0,
     spike_prob: float = 0.0,
     spike_factor: float = 3.0,
     seed: int = 0,
@@ -142,6 +149,14 @@ def simulate(
         steps: steps to simulate.
         slowdown: factors over steps (as for :class:`BatchController`).
         noise: sigma of the lognormal noise on each step time (0.25: about +-25 %).
+        abs_noise_s: mean of an exponential delay added to each step's compute before the
+            stretch (timer and scheduler jitter, the same at any batch size).
+        sleep_jitter_s: mean of an exponential delay added to each stretched step (a slowed
+            rank's sleep wakes up late: :func:`~hethpc.batching.slowdown.stretch`).
+        drift: stationary sigma of a slowly varying log speed per rank (an AR(1) process with
+            correlation time ``drift_steps``: interference that lasts many steps). It is part
+            of the noise-free time.
+        drift_steps: the drift's correlation time in steps.
         spike_prob: chance that a step is also multiplied by ``spike_factor``.
         spike_factor: the size of a spike (a descheduled step).
         seed: the noise's seed.
@@ -170,13 +185,25 @@ def simulate(
     true_s = np.zeros((steps, n))
     measured = np.zeros((steps, n))
     records: list[Adjustment] = []
+    level = np.zeros(n)  # the drift's log speed per rank
+    rho = math.exp(-1.0 / drift_steps)
     for step in range(steps):
+        if drift:  # drawn only when used, like the jitter
+            level = rho * level + drift * math.sqrt(1 - rho * rho) * rng.standard_normal(n)
         draws = rng.standard_normal(n)
         spikes = rng.random(n) < spike_prob
+        # drawn only when used, so that runs without jitter keep their noise streams
+        used = abs_noise_s or sleep_jitter_s
+        jitter = rng.exponential(1.0, (2, n)) if used else np.zeros((2, n))
         for k, r in enumerate(ranks):
             f = sched.factor(k, step)
-            t = f * (r.per_step_s + r.per_sample_s * int(sizes[k]))
-            m = t * math.exp(noise * float(draws[k])) * (spike_factor if spikes[k] else 1.0)
+            c = (r.per_step_s + r.per_sample_s * int(sizes[k])) * math.exp(float(level[k]))
+            # the expected delays are real time spent: part of the noise-free time
+            t = f * (c + abs_noise_s) + (sleep_jitter_s if f > 1 else 0.0)
+            c = c * math.exp(noise * float(draws[k])) + abs_noise_s * float(jitter[0, k])
+            m = f * c * (spike_factor if spikes[k] else 1.0)
+            if f > 1:
+                m += sleep_jitter_s * float(jitter[1, k])
             all_sizes[step, k], true_s[step, k], measured[step, k] = sizes[k], t, m
             est[k].add(int(sizes[k]), m)
         if (step + 1) % interval:
