@@ -40,11 +40,15 @@ class StepStats:
         step_s: wall seconds of the whole step (communication and waiting included).
         busy_s: seconds spent computing forward and backward passes.
         peak_in_flight: most micro-batches whose activations this stage held at once.
+        forward_s: the part of ``busy_s`` spent in forward passes (recomputation excluded).
+        wait_s: seconds spent waiting for activations or gradients from the neighbours.
     """
 
     step_s: float
     busy_s: float
     peak_in_flight: int
+    forward_s: float = 0.0
+    wait_s: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
@@ -188,7 +192,7 @@ class Pipeline:
         outputs: dict[int, torch.Tensor] = {}
         rng: dict[int, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64)
-        busy = 0.0
+        busy = fwd = 0.0
         live = peak = 0
         with Progress() as net:
             acts, grads = self._post_receives(net)
@@ -208,7 +212,9 @@ class Pipeline:
                             out = self._forward(inp, ys[i], n, loss_fn)
                     else:
                         out = self._forward(inp, ys[i], n, loss_fn)
-                    busy += self._elapsed(t0)
+                    dt = self._elapsed(t0)
+                    busy += dt
+                    fwd += dt
                     if self.is_last:
                         loss_sum += out.detach().to("cpu", torch.float64)
                     else:
@@ -234,7 +240,7 @@ class Pipeline:
                         net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
                     live -= 1
         self._reduce_replicas(dp_weight)
-        self.stats = StepStats(time.perf_counter() - t_start, busy, peak)
+        self.stats = StepStats(time.perf_counter() - t_start, busy, peak, fwd, net.wait_s)
         return float(loss_sum) if self.is_last else None
 
     @torch.no_grad()

@@ -1,0 +1,57 @@
+"""Progress moves tensors between neighbours whichever way it waits; step timings add up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.pipeline import Pipeline
+from hethpc.pipeline.progress import Lookahead, Progress
+
+
+def payload(sender: int, i: int) -> torch.Tensor:
+    """A tensor whose shape and values name its sender and index (variable shapes)."""
+    return torch.full((sender + 1, 3 + i), float(100 * sender + i))
+
+
+@pytest.mark.parametrize(
+    ("interval", "wait_sleep"),
+    [
+        pytest.param(0.0005, 0.00005, id="sleep-between-tests"),
+        pytest.param(0.0005, 0.0, id="block-in-mpi-wait"),
+        pytest.param(0.01, 0.001, id="slow-thread-long-sleeps"),
+    ],
+)
+def test_ring_exchange_delivers_in_order(interval: float, wait_sleep: float) -> None:
+    n, r = comm.size(), comm.rank()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    g = comm.world()
+    left, right = (r - 1) % n, (r + 1) % n
+    count = 5
+    with Progress(interval=interval, wait_sleep=wait_sleep) as net:
+        ahead = Lookahead(net, list(range(count)), {i: 7 + i for i in range(count)},
+                          source=left, device=torch.device("cpu"), group=g, depth=2)
+        for i in range(count):
+            net.send(payload(r, i), right, tag=7 + i, group=g)
+        got = [ahead.take(i) for i in range(count)]
+    for i, t in enumerate(got):
+        torch.testing.assert_close(t, payload(left, i), rtol=0, atol=0)
+    assert net.wait_s > 0
+
+
+def test_step_stats_add_up() -> None:
+    n = comm.size()
+    layers = 2 * n
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
+    pipe = Pipeline(model, balance=(2,) * n, micro_batches=4, stage_group=comm.world())
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    pipe.train_step(x, y, nn.functional.mse_loss)
+    s = pipe.stats
+    assert 0 < s.forward_s < s.busy_s < s.step_s
+    assert 0 <= s.wait_s < s.step_s
+    assert (s.wait_s > 0) == (n > 1), "only a stage with neighbours waits for messages"
+    assert 0 < s.idle_fraction < 1
