@@ -84,6 +84,10 @@ class Pipeline:
         checkpoint: recompute each micro-batch's forward during its backward instead of
             keeping its activations (saves memory, costs one more forward).
         device: where this stage runs (default: ``cuda:<local rank>`` if present, else CPU).
+        progress_interval: seconds between the background thread's tests of pending
+            transfers; None runs no thread, so transfers move only while the stage waits
+            for a message (enough, and cheaper, when MPI copies large messages in one step,
+            e.g. Open MPI with ``btl_vader_single_copy_mechanism=cma``).
 
     Raises:
         PipelineError: the balance does not match the group, or settings are out of range.
@@ -101,6 +105,7 @@ class Pipeline:
         dp_group: Group | None = None,
         checkpoint: bool = False,
         device: torch.device | str | None = None,
+        progress_interval: float | None = 0.0005,
     ) -> None:
         balance = partition_by_counts(len(model), balance)
         if len(balance) != stage_group.size:
@@ -112,6 +117,11 @@ class Pipeline:
             raise PipelineError(
                 f"rank {comm.rank()} is not in the pipeline group {list(stage_group.ranks)}"
             )
+        if progress_interval is not None and not progress_interval > 0:
+            raise PipelineError(
+                f"progress_interval must be a positive number of seconds or None (no thread), "
+                f"got {progress_interval}"
+            )
         if not 1 <= micro_batches <= MAX_MICRO_BATCHES:
             raise PipelineError(
                 f"micro_batches must be in 1..{MAX_MICRO_BATCHES}, got {micro_batches}"
@@ -122,6 +132,7 @@ class Pipeline:
         self.stage_group = stage_group
         self.dp_group = dp_group
         self.checkpoint = bool(checkpoint)
+        self.progress_interval = progress_interval
         self.stage = stage_group.rank
         self.stages = stage_group.size
         self.device = torch.device(device) if device is not None else default_device()
@@ -194,7 +205,7 @@ class Pipeline:
         loss_sum = torch.zeros((), dtype=torch.float64)
         busy = fwd = 0.0
         live = peak = 0
-        with Progress() as net:
+        with Progress(interval=self.progress_interval) as net:
             acts, grads = self._post_receives(net)
             for task in self._tasks:
                 i = task.micro_batch
@@ -254,7 +265,7 @@ class Pipeline:
         g, dev, s = self.stage_group, self.device, self.stage
         xs = torch.tensor_split(x, self.micro_batches) if self.is_first and x is not None else None
         outs = []
-        with Progress() as net:
+        with Progress(interval=self.progress_interval) as net:
             for i in range(min(self.micro_batches, n)):
                 if xs is not None:
                     inp = xs[i].to(dev)
@@ -379,6 +390,7 @@ def build_pipeline(
     balance: Sequence[int] | None = None,
     checkpoint: bool = False,
     device: torch.device | str | None = None,
+    progress_interval: float | None = 0.0005,
 ) -> Pipeline:
     """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
 
@@ -392,6 +404,7 @@ def build_pipeline(
         balance: layers per stage (default: balanced by parameter count).
         checkpoint: recompute activations in the backward pass.
         device: default ``cuda:<local rank>`` when present, else CPU.
+        progress_interval: see :class:`Pipeline` (None: no progress thread).
 
     Raises:
         PipelineError: ``stages`` does not divide the world size, or bad settings.
@@ -409,4 +422,5 @@ def build_pipeline(
         dp_group=groups.dp_group,
         checkpoint=checkpoint,
         device=device,
+        progress_interval=progress_interval,
     )

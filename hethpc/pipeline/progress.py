@@ -30,12 +30,16 @@ class Progress:
     background; every send is complete when the block exits without an error.
 
     Args:
-        interval: seconds between tests of the pending transfers by the background thread.
+        interval: seconds between tests of the pending transfers by the background thread;
+            None runs no thread (transfers then move only while a stage waits for a message,
+            enough when MPI moves large messages with one copy, e.g. Open MPI's CMA).
         wait_sleep: seconds :meth:`take` sleeps between tests of the receive it waits for
             (0 blocks in ``MPI_Wait`` instead, which spins or yields on the core).
     """
 
-    def __init__(self, *, interval: float = 0.0005, wait_sleep: float = 0.00005) -> None:
+    def __init__(
+        self, *, interval: float | None = 0.0005, wait_sleep: float = 0.00005
+    ) -> None:
         self.interval = interval
         self.wait_sleep = wait_sleep
         self.wait_s = 0.0  # seconds spent in take(): waiting for messages
@@ -48,6 +52,7 @@ class Progress:
     def send(self, tensor: torch.Tensor, dest: int, *, tag: int, group: Group) -> None:
         """Start sending ``tensor`` to group rank ``dest``."""
         with self._lock:
+            self._sends = [r for r in self._sends if not r.test()]  # frees sent buffers
             self._sends.append(comm.isend_tensor(tensor, dest, tag=tag, group=group))
 
     def post(
@@ -77,6 +82,7 @@ class Progress:
         return out
 
     def _run(self) -> None:
+        assert self.interval is not None
         while not self._stop.wait(self.interval):
             with self._lock:
                 self._sends = [r for r in self._sends if not r.test()]
@@ -85,8 +91,11 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="hethpc-p2p-progress", daemon=True)
-        self._thread.start()
+        if self.interval is not None:
+            self._thread = threading.Thread(
+                target=self._run, name="hethpc-p2p-progress", daemon=True
+            )
+            self._thread.start()
         return self
 
     def __exit__(
@@ -103,6 +112,11 @@ class Progress:
         if exc_type is None:
             if self._recvs:
                 raise RuntimeError(f"{len(self._recvs)} posted receives were never taken")
+            if self.wait_sleep > 0:
+                while sends:
+                    sends = [r for r in sends if not r.test()]
+                    if sends:
+                        time.sleep(self.wait_sleep)
             for r in sends:
                 r.wait()
         self._recvs = []

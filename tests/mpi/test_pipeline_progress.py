@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import Pipeline
+from hethpc.pipeline import Pipeline, PipelineError
 from hethpc.pipeline.progress import Lookahead, Progress
 
 
@@ -55,3 +55,38 @@ def test_step_stats_add_up() -> None:
     assert 0 <= s.wait_s < s.step_s
     assert (s.wait_s > 0) == (n > 1), "only a stage with neighbours waits for messages"
     assert 0 < s.idle_fraction < 1
+
+
+@pytest.mark.parametrize(
+    "interval",
+    [pytest.param(0.0005, id="progress-thread"), pytest.param(None, id="no-thread")],
+)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gradients_do_not_depend_on_the_progress_thread(
+    interval: float | None, schedule: str
+) -> None:
+    n = comm.size()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(2 * n)])
+    ref = nn.Sequential(*[nn.Linear(8, 8) for _ in range(2 * n)])
+    ref.load_state_dict(model.state_dict())
+    pipe = Pipeline(model, balance=(2,) * n, micro_batches=4, schedule=schedule,
+                    stage_group=comm.world(), progress_interval=interval)
+    x, y = torch.randn(12, 8), torch.randn(12, 8)
+    loss = pipe.train_step(x, y, nn.functional.mse_loss)
+    ref_loss = nn.functional.mse_loss(ref(x), y)
+    ref_loss.backward()
+    if pipe.is_last:
+        assert loss == pytest.approx(ref_loss.item(), rel=1e-5)
+    for k, p in pipe.module.named_parameters():
+        layer, name = k.split(".", 1)
+        want = ref.get_parameter(f"{int(layer) + 2 * pipe.stage}.{name}").grad
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("interval", [pytest.param(0.0, id="zero"), pytest.param(-1.0, id="neg")])
+def test_bad_progress_interval_is_refused(interval: float) -> None:
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(comm.size())])
+    with pytest.raises(PipelineError, match="progress_interval must be a positive"):
+        Pipeline(model, balance=(1,) * comm.size(), micro_batches=2,
+                 stage_group=comm.world(), progress_interval=interval)
