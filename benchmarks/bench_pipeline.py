@@ -1,12 +1,18 @@
 """Pipeline benchmark: 2 stages on 2 CPU ranks (one thread each) against one rank.
 
-    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_pipeline.py [--quick]
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_pipeline.py [--quick] [-h]
 
 Started as a plain process it relaunches itself under ``scripts/mpirun.sh -np 2``. It measures,
 side by side in one run: training throughput of the whole model on one rank and of the 2-stage
 pipeline (m micro-batches, 1F1B and GPipe), the measured idle fraction against the theoretical
 (P-1)/(m+P-1), and the peak activation memory of 1F1B and GPipe as m grows (micro-batch size
 fixed). The last stdout line is one JSON object.
+
+Baselines: ``single_rank`` is the whole model on both ranks at once (two independent loops, the
+machine's practical ceiling is twice it); ``single_rank_alone`` is one rank while the other
+sleeps. The per-stage breakdown (forward/backward ms per micro-batch, waiting per step) gives
+``speedup_bound_from_stage_speeds``: the speedup if no stage ever waited beyond the schedule's
+own bubble, at the speed the stages actually computed.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hethpc import comm  # noqa: E402
-from hethpc.pipeline import ActivationMeter, Pipeline, bubble_fraction  # noqa: E402
+from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,6 +52,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds single/pipeline")
     p.add_argument("--memory-ms", default="2,4,8,16", help="m values of the memory sweep")
     p.add_argument("--memory-rows", type=int, default=16, help="rows per micro-batch in the sweep")
+    p.add_argument(
+        "--progress-interval", type=float, default=0.0005,
+        help="seconds between the progress thread's tests; 0: no thread (Pipeline's None)",
+    )
     return p.parse_args(argv)
 
 
@@ -79,11 +89,26 @@ def time_single(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) 
     return out
 
 
+def time_alone(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, who: int
+) -> list[float]:
+    """Rank ``who`` runs the whole model while the other rank sleeps (not spinning in MPI)."""
+    if comm.rank() == who:
+        out = time_single(model, x, y, steps)
+        comm.send_tensor(torch.zeros(1), 1 - who)
+        return out
+    req = comm.irecv_tensor(who)
+    while not req.test():
+        time.sleep(0.01)
+    req.wait()
+    return []
+
+
 def time_pipeline(
     pipe: Pipeline, x: torch.Tensor, y: torch.Tensor, steps: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[StepStats]]:
     opt = torch.optim.SGD(pipe.parameters(), lr=1e-4)
-    times, idle = [], []
+    times, stats = [], []
     for _ in range(steps):
         comm.barrier()  # each step starts together, as in training where the data arrives together
         t0 = time.perf_counter()
@@ -91,8 +116,20 @@ def time_pipeline(
         pipe.train_step(x, y, loss_fn)
         opt.step()
         times.append(time.perf_counter() - t0)
-        idle.append(pipe.stats.idle_fraction)
-    return times, idle
+        stats.append(pipe.stats)
+    return times, stats
+
+
+def breakdown(stats: list[StepStats], m: int) -> dict[str, float]:
+    """This stage's medians: forward and backward ms per micro-batch, waiting, idle."""
+    med = statistics.median
+    return {
+        "f_ms": med(s.forward_s for s in stats) / m * 1e3,
+        "b_ms": med(s.busy_s - s.forward_s for s in stats) / m * 1e3,
+        "wait_ms": med(s.wait_s for s in stats) * 1e3,
+        "step_ms": med(s.step_s for s in stats) * 1e3,
+        "idle": statistics.mean(s.idle_fraction for s in stats),
+    }
 
 
 def worker(args: argparse.Namespace) -> dict[str, object]:
@@ -104,9 +141,10 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)
     single_model = make_model(w, L)
+    interval = args.progress_interval if args.progress_interval > 0 else None
     pipes = {
         s: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
-                    stage_group=comm.world())
+                    stage_group=comm.world(), progress_interval=interval)
         for s in ("1f1b", "gpipe")
     }
     say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread")
@@ -115,31 +153,46 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     for pipe in pipes.values():
         time_pipeline(pipe, x, y, 1)
     single_t: list[float] = []
+    alone_t: list[float] = []
     pipe_t: dict[str, list[float]] = {s: [] for s in pipes}
-    pipe_idle: dict[str, list[float]] = {s: [] for s in pipes}
+    pipe_stats: dict[str, list[StepStats]] = {s: [] for s in pipes}
     for r in range(args.rounds):
         # Both ranks run the whole model at once, each on its own core: one rank's throughput
-        # under the same load as the pipeline's two ranks.
+        # under the same load as the pipeline's two ranks (two independent loops together:
+        # the machine's practical ceiling is twice that).
         comm.barrier()
         single_t += time_single(single_model, x, y, args.steps)
+        # One rank alone, the other asleep: the whole model on one otherwise idle rank.
+        alone_t += time_alone(single_model, x, y, args.steps, who=r % 2)
         for s, pipe in pipes.items():
-            t, idle = time_pipeline(pipe, x, y, args.steps)
+            t, st = time_pipeline(pipe, x, y, args.steps)
             pipe_t[s] += t
-            pipe_idle[s] += idle
+            pipe_stats[s] += st
         rates = [("single", single_t), *pipe_t.items()]
         say(f"round {r + 1}/{args.rounds} (rank 0): "
             + ", ".join(f"{k} {B / statistics.median(t):.1f} samples/s" for k, t in rates))
     # Every rank's medians, combined on every rank.
     mine = {
         "single": statistics.median(single_t),
+        "alone": alone_t,
         **{s: statistics.median(t) for s, t in pipe_t.items()},
-        **{f"idle_{s}": statistics.mean(v) for s, v in pipe_idle.items()},
+        **{f"stage_{s}": breakdown(v, m) for s, v in pipe_stats.items()},
     }
     all_ranks = comm.allgather_object(mine)
     # One rank's throughput: the mean rank's; the pipeline goes at its slowest rank's pace.
     single_s = statistics.mean(d["single"] for d in all_ranks)
+    alone_s = statistics.median([t for d in all_ranks for t in d["alone"]])
     step_s = {s: max(d[s] for d in all_ranks) for s in pipes}
-    idle = {s: statistics.mean(d[f"idle_{s}"] for d in all_ranks) for s in pipes}
+    stages = {s: [d[f"stage_{s}"] for d in all_ranks] for s in pipes}
+    idle = {s: statistics.mean(b["idle"] for b in stages[s]) for s in pipes}
+    for s in pipes:
+        for k, b in enumerate(stages[s]):
+            say(f"{s} stage {k}: F {b['f_ms']:.2f} ms/micro-batch, B {b['b_ms']:.2f}, "
+                f"waiting {b['wait_ms']:.1f} ms/step of {b['step_ms']:.1f}, idle {b['idle']:.3f}")
+    # The best 2-stage step the measured stage speeds allow: the slower stage busy all along,
+    # plus the other stage's first forward and last backward (P=2).
+    (f0, b0), (f1, b1) = ((b["f_ms"], b["b_ms"]) for b in stages["1f1b"])
+    bound_ms = max(f0 + m * (f1 + b1) + b0, m * (f0 + b0) + f1 + b1)
 
     memory: dict[str, list[float]] = {"1f1b": [], "gpipe": []}
     ms = [int(v) for v in args.memory_ms.split(",")]
@@ -157,17 +210,30 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             f"1f1b {memory['1f1b'][-1]:.2f} MiB, gpipe {memory['gpipe'][-1]:.2f} MiB")
 
     single_sps = B / single_s
+    alone_sps = B / alone_s
     pipe_sps = B / step_s["1f1b"]
     return {
         "stages": 2,
         "micro_batches": m,
         "batch": B,
+        "progress_interval": interval,
+        "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
         "single_rank_samples_per_s": round(single_sps, 2),
+        "single_rank_alone_samples_per_s": round(alone_sps, 2),
+        "two_independent_loops_samples_per_s": round(2 * single_sps, 2),
         "pipeline_samples_per_s": round(pipe_sps, 2),
         "pipeline_gpipe_samples_per_s": round(B / step_s["gpipe"], 2),
         "speedup": round(pipe_sps / single_sps, 3),
+        "speedup_vs_alone": round(pipe_sps / alone_sps, 3),
+        "share_of_two_loops": round(pipe_sps / (2 * single_sps), 3),
         "speedup_goal": 1.6,
         "speedup_ideal": round(2 * m / (m + 1), 3),
+        "speedup_bound_from_stage_speeds": round(single_s * 1e3 / bound_ms, 3),
+        "stage_forward_ms_per_micro_batch": [round(b["f_ms"], 2) for b in stages["1f1b"]],
+        "stage_backward_ms_per_micro_batch": [round(b["b_ms"], 2) for b in stages["1f1b"]],
+        "single_ms_per_micro_batch": round(single_s / m * 1e3, 2),
+        "stage_wait_ms_per_step": [round(b["wait_ms"], 1) for b in stages["1f1b"]],
+        "stage_idle_fraction": [round(b["idle"], 4) for b in stages["1f1b"]],
         "idle_fraction": round(idle["1f1b"], 4),
         "idle_fraction_gpipe": round(idle["gpipe"], 4),
         "idle_fraction_theory": round(bubble_fraction(2, m), 4),
