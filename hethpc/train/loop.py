@@ -33,7 +33,7 @@ from hethpc.train.guards import (
 from hethpc.train.metrics import MetricsWriter
 from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
-from hethpc.train.state import gather_state, restore_state
+from hethpc.train.state import Pieces, gather_state, restore_state
 from hethpc.train.watchdog import Watchdog
 
 
@@ -208,6 +208,7 @@ def train(
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
     optimizer, scheduler = make_optimizer(cfg, model, total)
+    pieces = Pieces(model, optimizer, scheduler, loader, controller, policy)
 
     start, elapsed0 = 0, 0.0
     seed_rank(cfg.seed, rank)
@@ -219,17 +220,7 @@ def train(
         else:
             start, state = found
             elapsed0 = float(state["elapsed_s"])
-            same = restore_state(
-                state,
-                seed=cfg.seed,
-                model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                loader=loader,
-                controller=controller,
-                policy=policy,
-                injector=injector,
-            )
+            same = restore_state(state, pieces, seed=cfg.seed)
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {start}{how}")
 
@@ -238,16 +229,10 @@ def train(
     def checkpoint(step: int) -> Path | None:
         metrics.flush()  # the records up to a checkpoint are on disk before it is
         state = gather_state(
+            pieces,
             step=step,
             elapsed_s=elapsed0 + time.perf_counter() - t0,
             config=cfg.to_dict(),
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            loader=loader,
-            controller=controller,
-            policy=policy,
-            injector=injector,
             replicas_differ=replicas_differ,
         )
         path = ckpts.save(state, step) if state is not None else None

@@ -16,39 +16,48 @@ trackers.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from hethpc import comm
+from hethpc.batching import BatchController
+from hethpc.data import Loader
+from hethpc.sync import SyncPolicy
 from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
 
 FORMAT = 1
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """The stateful pieces of one rank's training run: what a checkpoint saves and restores."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a torch LR scheduler
+    loader: Loader
+    controller: BatchController
+    policy: SyncPolicy
+    # Data injection needs no state: its choice of senders is a function of (seed, step).
+
+
 def gather_state(
+    pieces: Pieces,
     *,
     step: int,
     elapsed_s: float,
     config: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    loader: Any,
-    controller: Any,
-    policy: Any,
-    injector: Any | None,
     replicas_differ: bool,
 ) -> dict[str, Any] | None:
     """Collect the checkpoint state from every rank (a collective); returned on rank 0 only."""
+    model, optimizer = pieces.model, pieces.optimizer
     mine: dict[str, Any] = {
         "rng": get_rng_state(),
-        "loader": loader.state_dict(),
-        "policy": policy.state_dict(),
-        "injector": injector.state_dict()
-        if injector is not None and hasattr(injector, "state_dict")
-        else None,
+        "loader": pieces.loader.state_dict(),
+        "policy": pieces.policy.state_dict(),
     }
     if replicas_differ:
         mine["model"] = model.state_dict()
@@ -64,8 +73,8 @@ def gather_state(
         "config": config,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "controller": controller.state_dict(),
+        "scheduler": pieces.scheduler.state_dict(),
+        "controller": pieces.controller.state_dict(),
         "ranks": ranks,
     }
 
@@ -80,32 +89,20 @@ def _average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def restore_state(
-    state: dict[str, Any],
-    *,
-    seed: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    loader: Any,
-    controller: Any,
-    policy: Any,
-    injector: Any | None,
-) -> bool:
+def restore_state(state: dict[str, Any], pieces: Pieces, *, seed: int) -> bool:
     """Load ``state`` into this rank's pieces; returns whether the world size was the same."""
+    model, optimizer, loader = pieces.model, pieces.optimizer, pieces.loader
     rank, size = comm.rank(), comm.size()
     saved = state["ranks"]
     same = state["world_size"] == size
-    scheduler.load_state_dict(state["scheduler"])
+    pieces.scheduler.load_state_dict(state["scheduler"])
     if same:
         mine = saved[rank]
         model.load_state_dict(mine.get("model", state["model"]))
         optimizer.load_state_dict(mine.get("optimizer", state["optimizer"]))
         loader.load_state_dict(mine["loader"])
-        controller.load_state_dict(state["controller"])
-        policy.load_state_dict(mine["policy"])
-        if injector is not None and mine["injector"] is not None:
-            injector.load_state_dict(mine["injector"])
+        pieces.controller.load_state_dict(state["controller"])
+        pieces.policy.load_state_dict(mine["policy"])
         set_rng_state(mine["rng"])
         return True
     if "model" in saved[0]:
