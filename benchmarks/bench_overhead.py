@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,15 +28,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _launch import relaunch, under_mpi
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from hethpc import comm  # noqa: E402
-from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
-from hethpc.models import build_model  # noqa: E402
-from hethpc.train import TrainConfig, evaluate, read_metrics, train  # noqa: E402
+from hethpc import comm
+from hethpc.data import ArrayDataset, load_mnist1d
+from hethpc.models import build_model
+from hethpc.train import TrainConfig, evaluate, read_metrics, train
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -152,14 +149,10 @@ def worker(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_RANK" in os.environ:
+    if under_mpi():
         worker(args)
         return 0
-    me = str(Path(__file__).resolve())
-    cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", str(args.np), sys.executable, me,
-           *(argv if argv is not None else sys.argv[1:])]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "900"}
-    return subprocess.run(cmd, env=env, cwd=ROOT).returncode
+    return relaunch(__file__, args.np, argv)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
+from _launch import relaunch, under_mpi
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from hethpc import comm  # noqa: E402
-from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction  # noqa: E402
+from hethpc import comm
+from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -249,14 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.quick:
         args.steps, args.rounds, args.memory_ms = 3, 2, "2,4,8"
+    if not under_mpi():
+        return relaunch(__file__, 2, argv)
     comm.init()
-    if comm.size() == 1 and "OMPI_COMM_WORLD_SIZE" not in os.environ:
-        argv = sys.argv[1:] if argv is None else argv
-        cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", "2", sys.executable, __file__, *argv]
-        print("launching:", " ".join(cmd), flush=True)
-        # Waiting ranks yield their core instead of spinning: the machine may be shared.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
-        return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
     comm.abort_on_exception()
     result = worker(args)
     if comm.rank() == 0:
