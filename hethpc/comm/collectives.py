@@ -1,4 +1,8 @@
-"""Collectives: Horovod for tensors, mpi4py for small objects, arrays and votes."""
+"""Collectives: Horovod for tensors, mpi4py for small objects, arrays and votes.
+
+GPU tensors go to Horovod directly when it was built with GPU operations (NCCL or CUDA-aware
+MPI); otherwise they are staged through host memory, so any Horovod build works.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,22 @@ def _hvd_op(op: ReduceOp) -> Any:
         ReduceOp.MIN: hvd.Min,
         ReduceOp.MAX: hvd.Max,
     }[op]
+
+
+def _needs_staging(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether GPU tensors must go through host memory: Horovod was built without GPU ops."""
+    if not any(t.is_cuda for t in tensors):
+        return False
+    hvd = state().hvd
+    return not (hvd.nccl_built() or getattr(hvd, "cuda_built", lambda: False)())
+
+
+def _staged_in_place(fn: Any, tensors: Sequence[torch.Tensor], **kw: Any) -> None:
+    """Run the in-place Horovod op ``fn`` on host copies of ``tensors``, then copy back."""
+    host = [t.detach().cpu() for t in tensors]
+    fn(host, **kw)
+    for t, h in zip(tensors, host, strict=True):
+        t.copy_(h)
 
 
 def barrier(group: Group | None = None) -> None:
@@ -123,6 +143,10 @@ def allreduce(
         return tensor * prescale if prescale != 1.0 else tensor.clone()
     hvd = state().hvd
     assert hvd is not None
+    if _needs_staging([tensor]):
+        out = tensor.detach().cpu()
+        allreduce_(out, op, prescale=prescale, group=g, name=name)
+        return out.to(tensor.device)
     return hvd.allreduce(
         tensor,
         op=_hvd_op(op),
@@ -146,6 +170,9 @@ def allreduce_(
         return tensor.mul_(prescale) if prescale != 1.0 else tensor
     hvd = state().hvd
     assert hvd is not None
+    if _needs_staging([tensor]):
+        grouped_allreduce_([tensor], op, prescale=prescale, group=g, name=name)
+        return tensor
     return hvd.allreduce_(
         tensor,
         op=_hvd_op(op),
@@ -171,6 +198,9 @@ def grouped_allreduce(
         return []
     hvd = state().hvd
     assert hvd is not None
+    if _needs_staging(tensors):
+        outs = [t.detach().clone() for t in tensors]
+        return grouped_allreduce_(outs, op, prescale=prescale, group=g, name=name)
     return list(
         hvd.grouped_allreduce(
             list(tensors),
@@ -201,6 +231,16 @@ def grouped_allreduce_(
         return []
     hvd = state().hvd
     assert hvd is not None
+    if _needs_staging(tensors):
+        _staged_in_place(
+            hvd.grouped_allreduce_,
+            tensors,
+            op=_hvd_op(op),
+            prescale_factor=prescale,
+            process_set=g.process_set,
+            name=name or "hethpc.grouped_allreduce",
+        )
+        return list(tensors)
     hvd.grouped_allreduce_(
         list(tensors),
         op=_hvd_op(op),
@@ -218,12 +258,18 @@ def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None =
         return
     hvd = state().hvd
     assert hvd is not None
+    sd = model.state_dict(keep_vars=False)
+    staged = _needs_staging(list(sd.values()))
+    items = {k: (t.cpu() if staged else t) for k, t in sd.items()}
     handles = [
         hvd.broadcast_async_(t, g.ranks[root], name=f"hethpc.bcast.{k}", process_set=g.process_set)
-        for k, t in model.state_dict(keep_vars=False).items()
+        for k, t in items.items()
     ]
     for h in handles:
         hvd.synchronize(h)
+    if staged:
+        for k, t in sd.items():
+            t.copy_(items[k])
 
 
 def broadcast_optimizer_state(

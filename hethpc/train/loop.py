@@ -111,8 +111,10 @@ def evaluate(model: nn.Module, data: ArrayDataset, *, batch: int = 2048) -> floa
     model.eval()
     correct = 0
     with torch.no_grad():
+        device = next(model.parameters()).device
         for i in range(0, len(data), batch):
-            pred = model(torch.from_numpy(data.x[i : i + batch])).argmax(1).numpy()
+            x = torch.from_numpy(data.x[i : i + batch]).to(device)
+            pred = model(x).argmax(1).cpu().numpy()
             correct += int((pred == data.y[i : i + batch]).sum())
     model.train()
     return correct / max(len(data), 1)
@@ -154,7 +156,8 @@ def train(
     if torch.cuda.is_available():
         # CPU kernels used here are deterministic already; on CPU this call would only cost
         # seconds of imports (it loads torch._inductor).
-        torch.use_deterministic_algorithms(True)
+        # warn_only: cuBLAS needs CUBLAS_WORKSPACE_CONFIG for determinism; without it, warn.
+        torch.use_deterministic_algorithms(True, warn_only=True)
     run_dir = Path(cfg.run_dir)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     refusal = ""
@@ -190,13 +193,20 @@ def train(
         )
         return RunResult(summary=summary, model=pipe.module, run_dir=run_dir)
 
+    # Data parallel: each rank trains on the GPU of its local rank when there is one.
+    device = (
+        torch.device(f"cuda:{comm.local_rank() % torch.cuda.device_count()}")
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    model.to(device)
     loader = parts.make_loader(cfg, train_set, rank=rank, world_size=size)
     partition_lengths = (
         None
         if cfg.partition in ("iid", "seldp")
         else np.asarray(comm.allgather_object(loader.length))
     )
-    controller = parts.make_controller(cfg)
+    controller = parts.make_controller(cfg, device=device)
     policy = parts.make_policy(cfg)
     injector = parts.make_injector(cfg)
     spe = int(
@@ -276,6 +286,7 @@ def train(
                 x, y = loader.next_batch(ask)
                 if injector is not None:
                     x, y = injector.exchange(x, y, step)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 tc = time.perf_counter()
                 out = model(x)
                 loss = apply_faults(tuple(faults), rank=rank, step=step, loss=loss_fn(out, y))

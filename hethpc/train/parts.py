@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from hethpc.batching import BatchController, SlowdownSchedule
@@ -89,8 +90,12 @@ def make_injector(cfg: TrainConfig) -> Injector | None:
     return Injector(cfg.inject_alpha, cfg.inject_beta, seed=cfg.seed)
 
 
-def make_controller(cfg: TrainConfig) -> BatchController:
-    """The batch controller: per-rank batch sizes that sum to the global batch."""
+def make_controller(cfg: TrainConfig, *, device: torch.device | None = None) -> BatchController:
+    """The batch controller: per-rank batch sizes that sum to the global batch.
+
+    ``device`` is where the model computes: on CUDA the controller synchronises it before
+    reading the clock.
+    """
     weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     return BatchController(
         cfg.batch_size,
@@ -99,6 +104,7 @@ def make_controller(cfg: TrainConfig) -> BatchController:
         interval=cfg.batch_interval,
         b_min=cfg.b_min,
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
+        device=device,
     )
 
 
