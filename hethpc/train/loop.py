@@ -30,7 +30,7 @@ from hethpc.train.guards import (
     nonfinite_ranks,
     poison_if_nonfinite_,
 )
-from hethpc.train.metrics import MetricsWriter
+from hethpc.train.metrics import open_run
 from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
 from hethpc.train.state import Pieces, gather_state, restore_state
@@ -255,12 +255,8 @@ def train(
         f"sync {cfg.sync}, "
         f"batching {cfg.batching}, partition {cfg.partition}"
     )
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    comm.barrier()
+    metrics = open_run(run_dir, cfg.to_dict())
     loss_fn = nn.CrossEntropyLoss()
-    metrics = MetricsWriter(run_dir, rank)
     params = list(model.parameters())
     # BSP applies the same averaged gradient on every rank: non-finite steps are caught there,
     # without a per-step vote. Other policies step on local gradients and vote.

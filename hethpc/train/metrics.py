@@ -10,6 +10,8 @@ from typing import IO, Any
 
 import torch
 
+from hethpc import comm
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, torch.Tensor):  # kept as a tensor until written: no per-step host sync
@@ -81,3 +83,15 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def open_run(run_dir: Path, config: dict[str, Any]) -> MetricsWriter:
+    """Start a run on every rank: rank 0 writes ``config.json``; returns this rank's writer.
+
+    A collective (a barrier), so no rank writes metrics into a directory not yet made.
+    """
+    if comm.rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    comm.barrier()
+    return MetricsWriter(run_dir, comm.rank())

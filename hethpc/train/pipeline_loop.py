@@ -17,7 +17,7 @@ from hethpc.comm import ReduceOp
 from hethpc.data import ArrayDataset, Loader, ShardedDataset
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
 from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.metrics import MetricsWriter
+from hethpc.train.metrics import open_run
 from hethpc.train.watchdog import Watchdog
 
 # Settings a pipelined run supports; the others are refused up front (named in the error).
@@ -119,12 +119,8 @@ def train_pipeline(
         f"layers per stage {list(balance)}, {cfg.micro_batches} micro-batches ({cfg.schedule}), "
         f"model {cfg.model}, global batch {cfg.batch_size}, {spe} steps per epoch, {total} steps"
     )
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    comm.barrier()
+    metrics = open_run(run_dir, cfg.to_dict())
     loss_fn = nn.CrossEntropyLoss()
-    metrics = MetricsWriter(run_dir, rank)
     losses: list[float] = []
     t0 = time.perf_counter()
     try:
