@@ -177,20 +177,23 @@ class ShardedDataset:
             slots[i] = slot
         return slots
 
-    def _fill(
-        self, out: np.ndarray, pos: np.ndarray | None, shard: np.ndarray, local: np.ndarray
-    ) -> None:
-        """Fill ``out`` from samples ``(shard, local)`` sorted by storage position.
+    def _gather(
+        self, pos: np.ndarray | None, shard: np.ndarray, local: np.ndarray
+    ) -> np.ndarray:
+        """Samples ``(shard, local)``, sorted by storage position, as rows of a new array.
 
-        ``pos[i]`` is the row of ``out`` for the i-th sample (``None``: row ``i``). Whole
+        ``pos[i]`` is the result's row for the i-th sample (``None``: row ``i``). Whole
         chunks requested in storage order (and not cached) are read from the file straight
-        into ``out``, neighbouring ones in one HDF5 call; the other samples are copied from
+        into the result, neighbouring ones in one HDF5 call; the other samples are copied from
         chunks in the cache, a slab of chunk slots, by one fancy-indexing copy for all of them
-        (no Python loop over samples or chunks, bar one read per missing chunk).
+        (no Python loop over samples or chunks, bar one read per missing chunk). When the
+        cache serves the whole request (the usual case for shuffled batches), that copy makes
+        the result itself: each sample is copied once.
         """
         m = len(local)
+        out = np.empty((m, *self.sample_shape), dtype=self.dtype)
         if m == 0:
-            return
+            return out
         c_len = self._chunk
         chunk = local // c_len
         key = (shard << 32) | chunk
@@ -226,26 +229,30 @@ class ShardedDataset:
                 i = j
         rest = np.flatnonzero(~direct)
         if not len(rest):
-            return
+            return out
         group = np.cumsum(first) - 1  # each sample's group
         for s0 in range(0, len(rest), self._nslots):
             groups = rest[s0 : s0 + self._nslots]
             slot_of = np.zeros(len(gstart), dtype=np.int64)
             slot_of[groups] = self._slots(gkey[groups].tolist())
+            flat = self._slab.reshape(-1, *self.sample_shape)  # type: ignore[union-attr]
             if len(groups) == len(gstart):
-                rows: slice | np.ndarray = slice(None)
-                sg, sl = group, local - chunk * c_len
+                # The cache holds every sample: gather them in result order, one copy.
+                src_row = slot_of[group] * c_len + (local - chunk * c_len)
+                if pos is not None:
+                    src_row[pos] = src_row.copy()
+                return flat[src_row]
             else:
                 keep = np.zeros(len(gstart), dtype=bool)
                 keep[groups] = True
                 rows = np.flatnonzero(keep[group])
                 sg, sl = group[rows], local[rows] - chunk[rows] * c_len
-            flat = self._slab.reshape(-1, *self.sample_shape)  # type: ignore[union-attr]
             src = flat[slot_of[sg] * c_len + sl]
             if pos is None:
                 out[rows] = src
             else:
                 out[pos[rows]] = src
+        return out
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order.
@@ -268,7 +275,6 @@ class ShardedDataset:
         n = len(self)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
-        out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
         pos = None
         sidx = idx
         if len(idx) > 1 and not bool((np.diff(idx) >= 0).all()):
@@ -279,7 +285,7 @@ class ShardedDataset:
         if os.getpid() != self._pid:
             self._reset()  # forked: the parent's handles, cache and lock are not usable here
         with self._lock:
-            self._fill(out, pos, shard, local)
+            out = self._gather(pos, shard, local)
         return out, self.labels[idx]
 
     def close(self) -> None:
