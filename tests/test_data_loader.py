@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,12 @@ from hethpc.data import (
     LoaderError,
     ShardedDataset,
     block_shuffle,
+    block_shuffle_windows,
     open_dataset,
+    segment_bounds,
     write_dataset,
 )
+from hethpc.data.loader import worth_prefetching
 
 N = 600
 
@@ -98,6 +102,32 @@ def test_block_shuffle_is_a_permutation_that_keeps_chunks_together() -> None:
     assert not np.array_equal(o, block_shuffle(idx, chunk=50, window=2, seed=0, epoch=1))
 
 
+def test_window_bounds_follow_the_block_shuffle() -> None:
+    idx = np.arange(1000)
+    o, w = block_shuffle_windows(idx, chunk=50, window=3, seed=2, epoch=0)
+    np.testing.assert_array_equal(o, block_shuffle(idx, chunk=50, window=3, seed=2, epoch=0))
+    bounds = segment_bounds(w)
+    assert bounds[0] == 0 and bounds[-1] == 1000
+    sizes = np.diff(bounds)
+    assert (sizes == 150).sum() == 6 and sizes[-1] == 100  # 20 chunks in windows of 3
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # each window: 3 whole chunks
+        assert len(np.unique(o[a:b] // 50)) == (b - a) // 50
+    np.testing.assert_array_equal(segment_bounds(np.array([4, 4, 1, 1, 1, 4])), [0, 2, 5, 6])
+
+
+def test_sharded_batches_across_windows_and_epochs(sharded: ShardedDataset) -> None:
+    """Batches that start, end or cross shuffle windows and epochs, and empty ones."""
+    ld = Loader(sharded, rank=0, world_size=1, seed=5, shuffle_window=2, prefetch=False)
+    order = np.concatenate([block_shuffle(np.arange(N), chunk=sharded.chunk_samples, window=2,
+                                          seed=5, epoch=e) for e in range(3)])
+    pos = 0
+    for b in [1, 0, 37, sharded.chunk_samples * 2, 250, 0, 599, 3, 500]:
+        x, y = ld.next_batch([b])
+        assert x.shape[0] == b
+        np.testing.assert_array_equal(x[:, 0].numpy().astype(int), order[pos : pos + b])
+        pos += b
+
+
 @pytest.mark.parametrize("mode", ["seldp", "partition"])
 def test_partitioned_modes_cycle_through_the_rank_share(
     dataset: ArrayDataset | ShardedDataset, mode: str
@@ -119,8 +149,37 @@ def dataset_labels(d: ArrayDataset | ShardedDataset) -> np.ndarray:
     return d.y if isinstance(d, ArrayDataset) else d.labels
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
-def test_resume_is_exact(dataset: ArrayDataset | ShardedDataset, prefetch: bool) -> None:
+def test_worth_prefetching_needs_caller_time_to_overlap() -> None:
+    assert worth_prefetching(None, 0.01) and worth_prefetching(0.001, None)  # not yet known
+    assert worth_prefetching(0.0025, 0.01)  # a quarter of the load time: hides it in part
+    assert not worth_prefetching(0.002, 0.01)
+    assert not worth_prefetching(0.0, 1e-6)
+
+
+def test_auto_prefetch_follows_the_callers_pace(dataset: ArrayDataset | ShardedDataset) -> None:
+    ld = Loader(dataset, rank=0, world_size=1, seed=0)  # prefetch="auto" by default
+    ld.load_s = 0.004  # as if a batch took 4 ms to read
+    for _ in range(3):  # the caller computes 20 ms per batch: worth overlapping
+        ld.next_batch([10])
+        time.sleep(0.02)
+    assert ld.gap_s is not None and ld.gap_s > 0.01
+    ld.next_batch([10])
+    assert ld.prefetching
+    ld.gap_s, ld.load_s = 0.0, 1.0  # a caller that only reads: nothing to overlap
+    ld.next_batch([10])
+    assert not ld.prefetching
+    ld.close()
+
+
+def test_prefetch_setting_is_checked(dataset: ArrayDataset | ShardedDataset) -> None:
+    with pytest.raises(LoaderError, match="prefetch must be True, False or 'auto'"):
+        Loader(dataset, rank=0, world_size=1, prefetch="yes")
+
+
+@pytest.mark.parametrize("prefetch", [False, True, "auto"], ids=["inline", "prefetch", "auto"])
+def test_resume_is_exact(
+    dataset: ArrayDataset | ShardedDataset, prefetch: bool | str
+) -> None:
     sched = [[40, 20], [40, 20], [10, 50], [30, 30]]
     ref = Loader(dataset, rank=1, world_size=2, seed=9, prefetch=False)
     want = [ref.next_batch(sched[i % 4])[0] for i in range(30)]

@@ -65,3 +65,24 @@ def test_recycled_chunk_buffers_never_leak_into_results(
     got = [ds.read(idx)[0] for idx in reads]
     for idx, g in zip(reads, got, strict=True):
         np.testing.assert_array_equal(g, x[idx])
+
+
+@pytest.mark.parametrize("name", list(CASES), ids=list(CASES))
+def test_read_window_matches_numpy(data: tuple[Path, np.ndarray, np.ndarray], name: str) -> None:
+    path, x, y = data
+    ds = open_dataset(path, verify=False)
+    idx = CASES[name]
+    for _ in range(2):  # its one-chunk buffer is reused: results must not share it
+        got_x, got_y = ds.read_window(idx)
+        np.testing.assert_array_equal(got_x, x[idx])
+        np.testing.assert_array_equal(got_y, y[idx])
+
+
+def test_read_window_results_own_their_memory(data: tuple[Path, np.ndarray, np.ndarray]) -> None:
+    path, x, _ = data
+    ds = open_dataset(path, verify=False)
+    first = ds.read_window(np.arange(0, 8))[0]
+    ds.read_window(np.arange(8, 16))  # same buffer, other chunk
+    np.testing.assert_array_equal(first, x[0:8])
+    with pytest.raises(IndexError, match="0..229"):
+        ds.read_window(np.array([3, N]))

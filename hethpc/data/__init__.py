@@ -8,7 +8,7 @@ from hethpc.data.injection import Injector, local_batch_size, senders, share_siz
 from hethpc.data.loader import Loader
 from hethpc.data.manifest import Manifest, ShardInfo
 from hethpc.data.mnist1d import ArrayDataset, load_mnist1d
-from hethpc.data.order import block_shuffle, rotate_chunks
+from hethpc.data.order import block_shuffle, block_shuffle_windows, rotate_chunks, segment_bounds
 from hethpc.data.partition import (
     PARTITIONERS,
     DirichletPartitioner,
@@ -40,11 +40,13 @@ __all__ = [
     "ShardInfo",
     "ShardedDataset",
     "block_shuffle",
+    "block_shuffle_windows",
     "load_mnist1d",
     "local_batch_size",
     "make_partitioner",
     "open_dataset",
     "rotate_chunks",
+    "segment_bounds",
     "senders",
     "share_size",
     "sources",

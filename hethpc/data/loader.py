@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -12,11 +14,33 @@ import torch
 
 from hethpc.data.errors import LoaderError
 from hethpc.data.mnist1d import ArrayDataset
-from hethpc.data.order import block_shuffle, rotate_chunks
+from hethpc.data.order import block_shuffle_windows, rotate_chunks, segment_bounds
 from hethpc.data.sharded import ShardedDataset
 
 MODES = ("iid", "seldp", "partition")
 Batch = tuple[torch.Tensor, torch.Tensor]
+# "auto" prefetches when the caller spends at least this share of a batch's load time between
+# calls: then reading the next batch in the background hides it. Below that there is little
+# to overlap and a thread hand-off per batch costs more than it hides (on a busy machine a
+# woken thread can wait milliseconds for a core).
+_AUTO_MIN_GAP = 0.25
+_EWMA = 0.2  # weight of the newest gap / load time in their running means
+_KEPT_WINDOWS = 3  # shuffle windows of a sharded dataset kept read (current, next, spare)
+
+
+def worth_prefetching(gap_s: float | None, load_s: float | None) -> bool:
+    """Whether a background read of the next batch can hide anything (``prefetch="auto"``).
+
+    Args:
+        gap_s: mean seconds the caller spends between batches (its compute); None: unknown.
+        load_s: mean seconds one batch takes to load; None: unknown.
+
+    Returns:
+        True until both are known, then whether ``gap_s >= 0.25 * load_s``.
+    """
+    if gap_s is None or load_s is None:
+        return True
+    return gap_s >= _AUTO_MIN_GAP * load_s
 
 
 class Loader:
@@ -48,12 +72,17 @@ class Loader:
         seed: the same on every rank.
         prefetch: read the next batch in a background thread, assuming unchanged sizes (a
             guess that is wrong only on the steps where sizes change: then it reads in line).
+            ``True``: always; ``False``: never; ``"auto"`` (default): only while the caller
+            spends at least a quarter of a batch's load time between calls (its compute, which
+            the read then overlaps); a loop that only reads gains nothing from a thread
+            hand-off per batch, so it reads in line.
         shuffle_window: chunks shuffled together for a sharded dataset (memory: this many
             chunks; the dataset's chunk cache must hold them).
         normalize: cast uint8 samples to float32 in ``[0, 1]`` (others are cast to float32).
 
     Raises:
-        LoaderError: an unknown mode, or ``partition`` without ``indices``, or empty indices.
+        LoaderError: an unknown mode or prefetch setting, or ``partition`` without
+            ``indices``, or empty indices.
     """
 
     def __init__(
@@ -65,12 +94,14 @@ class Loader:
         mode: str = "iid",
         indices: np.ndarray | None = None,
         seed: int = 0,
-        prefetch: bool = True,
+        prefetch: bool | str = "auto",
         shuffle_window: int = 16,
         normalize: bool = True,
     ) -> None:
         if mode not in MODES:
             raise LoaderError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (isinstance(prefetch, bool) or prefetch == "auto"):
+            raise LoaderError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
         if not 0 <= rank < world_size:
             raise LoaderError(f"rank {rank} is outside a world of size {world_size}")
         if mode == "partition" and indices is None:
@@ -90,12 +121,21 @@ class Loader:
         self._normalize = normalize
         self._pos = 0
         self._step_in_epoch = 0
-        self._orders: dict[int, np.ndarray] = {}
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._orders_lock = threading.Lock()  # the prefetch thread builds orders too
+        # Read shuffle windows of a sharded dataset: (epoch, window) -> (x, y) in stream order.
+        self._windows: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = (
+            OrderedDict()
+        )
+        self._windows_lock = threading.Lock()
+        self.prefetch = prefetch
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="hethpc-prefetch") if prefetch else None
         )
         self._pending: tuple[tuple[int, int], Future[Batch]] | None = None
+        self._returned_at: float | None = None  # when next_batch last returned
+        self.gap_s: float | None = None  # mean seconds the caller spends between batches
+        self.load_s: float | None = None  # mean seconds one batch takes to load
 
     @property
     def length(self) -> int:
@@ -117,22 +157,22 @@ class Loader:
         n = len(self._base) if self.mode == "iid" else len(self.dataset)
         return max(1, math.ceil(n / max(1, int(global_batch))))
 
-    def _order(self, epoch: int) -> np.ndarray:
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's stream order and the bounds of its shuffle windows (``[0, ..., n]``)."""
         with self._orders_lock:
-            return self._order_locked(epoch)
-
-    def _order_locked(self, epoch: int) -> np.ndarray:
-        o = self._orders.get(epoch)
-        if o is None:
-            o = block_shuffle(
-                self._base, chunk=self._chunk, window=self._window, seed=self.seed, epoch=epoch
-            )
-            if self.mode == "seldp":
-                o = rotate_chunks(o, self.world_size, self.rank)
-            for old in [e for e in self._orders if e < epoch - 1]:
-                del self._orders[old]
-            self._orders[epoch] = o
-        return o
+            got = self._orders.get(epoch)
+            if got is None:
+                o, w = block_shuffle_windows(
+                    self._base, chunk=self._chunk, window=self._window, seed=self.seed,
+                    epoch=epoch,
+                )
+                if self.mode == "seldp":
+                    o = rotate_chunks(o, self.world_size, self.rank)
+                    w = rotate_chunks(w, self.world_size, self.rank)
+                for old in [e for e in self._orders if e < epoch - 1]:
+                    del self._orders[old]
+                got = self._orders[epoch] = (o, segment_bounds(w))
+            return got
 
     def _stream(self, start: int, count: int) -> np.ndarray:
         n = self.length
@@ -140,7 +180,7 @@ class Loader:
         while count > 0:
             e, off = divmod(start, n)
             take = min(count, n - off)
-            out.append(self._order(e)[off : off + take])
+            out.append(self._order(e)[0][off : off + take])
             start += take
             count -= take
         return np.concatenate(out) if out else np.empty(0, np.int64)
@@ -164,18 +204,64 @@ class Loader:
         return self._pos, b, b
 
     def _load(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # Storage order inside a batch: one copy per chunk. Which samples form the batch
-        # follows the permutation; their order inside it does not matter to training.
-        idx = np.sort(self._stream(start, count))
+        t0 = time.perf_counter()
+        out = self._read(start, count)
+        self.load_s = _mean(self.load_s, time.perf_counter() - t0)
+        return out
+
+    def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.dataset, ShardedDataset):
-            x, y = self.dataset.read(idx)
+            x, y = self._read_windows(start, count)
         else:
+            # In memory: rows gathered in storage order (kinder to the CPU cache); which
+            # samples form the batch follows the permutation, their order inside it does not
+            # matter to training.
+            idx = np.sort(self._stream(start, count))
             x, y = self.dataset.x[idx], self.dataset.y[idx]
         if x.dtype == np.uint8 and self._normalize:
             xt = torch.from_numpy(x).to(torch.float32).div_(255.0)
         else:
             xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         return xt, torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+    def _read_windows(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream positions ``start .. start+count-1`` from the shuffle windows that hold them.
+
+        A window is read whole the first time one of its samples is asked for (each chunk
+        once), laid out in stream order, so a batch inside one window is a slice of it (no
+        copy) and one that spans windows joins slices.
+        """
+        assert isinstance(self.dataset, ShardedDataset)
+        n = self.length
+        xs, ys = [], []
+        while count > 0:
+            e, off = divmod(start, n)
+            order, bounds = self._order(e)
+            w = int(np.searchsorted(bounds, off, side="right")) - 1
+            a, b = int(bounds[w]), int(bounds[w + 1])
+            x, y = self._window_data(e, w, order[a:b])
+            take = min(count, b - off)
+            xs.append(x[off - a : off - a + take])
+            ys.append(y[off - a : off - a + take])
+            start += take
+            count -= take
+        if len(xs) == 1:
+            return xs[0], ys[0]
+        if not xs:  # a batch of size 0
+            return self.dataset.read_window(self._base[:0])
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def _window_data(self, epoch: int, w: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with self._windows_lock:  # the prefetch thread reads windows too: each is read once
+            got = self._windows.get((epoch, w))
+            if got is None:
+                assert isinstance(self.dataset, ShardedDataset)
+                got = self._windows[(epoch, w)] = self.dataset.read_window(idx)
+                while len(self._windows) > _KEPT_WINDOWS:
+                    self._windows.popitem(last=False)
+            else:
+                self._windows.move_to_end((epoch, w))
+            return got
 
     def _check_sizes(self, sizes: Any) -> np.ndarray:
         s = np.asarray(sizes, dtype=np.int64).reshape(-1)
@@ -200,6 +286,8 @@ class Loader:
             LoaderError: sizes of the wrong length, a global batch larger than the dataset, or
                 (partitioned modes) a batch larger than the rank's share.
         """
+        if self._returned_at is not None:
+            self.gap_s = _mean(self.gap_s, time.perf_counter() - self._returned_at)
         s = self._check_sizes(sizes)
         start, count, advance = self._request(s)
         got = None
@@ -215,10 +303,18 @@ class Loader:
         before = self.epoch
         self._pos += advance
         self._step_in_epoch = 0 if self.epoch > before else self._step_in_epoch + 1
-        if self._pool is not None:
+        if self._pool is not None and (
+            self.prefetch is True or worth_prefetching(self.gap_s, self.load_s)
+        ):
             nstart, ncount, _ = self._request(s)
             self._pending = ((nstart, ncount), self._pool.submit(self._load, nstart, ncount))
+        self._returned_at = time.perf_counter()
         return got
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether a background read of the next batch is under way (or done, unclaimed)."""
+        return self._pending is not None
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the stream and settings; restores the exact sequence of batches."""
@@ -246,6 +342,8 @@ class Loader:
         if self._pending is not None:
             self._pending[1].cancel()
             self._pending = None
+        with self._windows_lock:  # batches are slices of windows: never serve one twice
+            self._windows.clear()
         self._pos = int(state["pos"])
         self._step_in_epoch = int(state["step_in_epoch"])
 
@@ -260,3 +358,7 @@ class Loader:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _mean(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EWMA) * old + _EWMA * new

@@ -26,12 +26,31 @@ def block_shuffle(
     Returns:
         The permuted indices, shape ``[m]``, int64.
     """
+    return block_shuffle_windows(indices, chunk=chunk, window=window, seed=seed, epoch=epoch)[0]
+
+
+def block_shuffle_windows(
+    indices: np.ndarray, *, chunk: int, window: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`block_shuffle`'s permutation and the window each of its positions belongs to.
+
+    Returns:
+        ``(order, windows)``: the permutation (the same as :func:`block_shuffle`'s) and, per
+        position, its window's number (non-decreasing), both shape ``[m]``, int64.
+    """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     rng = np.random.default_rng([int(seed), int(epoch)])
     uniq, inv = np.unique(idx // max(1, int(chunk)), return_inverse=True)
     chunk_rank = rng.permutation(len(uniq))
     group = chunk_rank[inv] // max(1, int(window))
-    return idx[np.lexsort((rng.random(len(idx)), group))]
+    perm = np.lexsort((rng.random(len(idx)), group))
+    return idx[perm], group[perm].astype(np.int64)
+
+
+def segment_bounds(windows: np.ndarray) -> np.ndarray:
+    """Start of every run of equal window numbers, then the length: ``[0, ..., m]``."""
+    w = np.asarray(windows).reshape(-1)
+    return np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, len(w)].astype(np.int64)
 
 
 def rotate_chunks(order: np.ndarray, world_size: int, rank: int) -> np.ndarray:

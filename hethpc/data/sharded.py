@@ -67,12 +67,13 @@ class ShardedDataset:
         self._slab: np.ndarray | None = None
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._free = list(range(self._nslots))[::-1]
+        self._buffer: np.ndarray | None = None  # one chunk, for read_window
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         for k in ("_files", "_x", "_spaces", "_mspaces", "_slab", "_cache", "_lock", "_pid",
-                  "_free"):
+                  "_free", "_buffer"):
             d.pop(k, None)
         return d
 
@@ -288,6 +289,51 @@ class ShardedDataset:
             out = self._gather(pos, shard, local)
         return out, self.labels[idx]
 
+    def read_window(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples and labels at ``indices``, in that order, for a request spanning many chunks.
+
+        Each touched chunk is read once (from its first to its last requested row) into one
+        small reusable buffer, and its rows are scattered into the result: each sample is
+        copied once, out of a buffer that stays in the CPU cache. The chunk cache is neither
+        used nor filled. Meant for reads of whole shuffle windows (the loader's); for scattered
+        small requests that revisit chunks, :meth:`read` and its cache read less.
+
+        Args:
+            indices: global sample indices, shape ``[k]`` (any order, repeats allowed).
+
+        Returns:
+            ``x`` of shape ``[k, *sample_shape]`` (stored dtype) and ``y`` of shape ``[k]``.
+
+        Raises:
+            IndexError: an index is out of range.
+            ShardError: a shard cannot be opened or fails its checksum.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
+        out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
+        if not len(idx):
+            return out, self.labels[idx]
+        pos = np.argsort(idx, kind="stable")
+        sidx = idx[pos]
+        shard = np.searchsorted(self._starts, sidx, side="right") - 1
+        local = sidx - self._starts[shard]
+        key = (shard << 32) | (local // self._chunk)
+        gstart = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        gend = np.r_[gstart[1:], len(idx)]
+        if os.getpid() != self._pid:
+            self._reset()  # forked: the parent's handles, cache and lock are not usable here
+        with self._lock:
+            if self._buffer is None:
+                self._buffer = np.empty((self._chunk, *self.sample_shape), self.dtype)
+            buf = self._buffer
+            for g0, g1 in zip(gstart.tolist(), gend.tolist(), strict=True):
+                lo, hi = int(local[g0]), int(local[g1 - 1]) + 1
+                self._read_into(int(shard[g0]), lo, hi, buf[: hi - lo])
+                out[pos[g0:g1]] = buf[local[g0:g1] - lo]
+        return out, self.labels[idx]
+
     def close(self) -> None:
         """Close open files and drop cached chunks (they reopen on the next read)."""
         with self._lock:
@@ -298,6 +344,7 @@ class ShardedDataset:
             self._spaces.clear()
             self._cache.clear()
             self._slab = None
+            self._buffer = None
             self._free = list(range(self._nslots))[::-1]
 
 

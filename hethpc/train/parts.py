@@ -30,9 +30,10 @@ def make_loader(
     """This rank's training loader: IID or SelDP over all samples, or its own partition.
 
     Batches of an in-memory dataset are read in line (a copy of a few rows; a prefetch
-    thread would only add thread hand-offs to every step); HDF5 shards are prefetched.
+    thread would only add thread hand-offs to every step); HDF5 shards are prefetched while
+    the step computes (prefetch="auto").
     """
-    prefetch = isinstance(train, ShardedDataset)
+    prefetch: bool | str = "auto" if isinstance(train, ShardedDataset) else False
     if cfg.partition in ("iid", "seldp"):
         return Loader(
             train,

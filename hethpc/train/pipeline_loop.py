@@ -108,7 +108,7 @@ def train_pipeline(
         rank=lay.replica,
         world_size=lay.replicas,
         seed=cfg.seed,
-        prefetch=isinstance(train_set, ShardedDataset),
+        prefetch="auto" if isinstance(train_set, ShardedDataset) else False,
     )
     sizes = np.full(lay.replicas, cfg.batch_size // lay.replicas)
     spe = loader.steps_per_epoch(cfg.batch_size)
