@@ -57,10 +57,12 @@ class Loader:
         ``partition``: the rank cycles through its own ``indices`` (from a partitioner), in a
             new seeded order each epoch, taking ``sizes[rank]`` samples per step.
 
-    Samples inside a batch come in storage (index) order; which samples form each batch
-    follows the permutation. Permutations are chunk-aware
-    (:func:`~hethpc.data.order.block_shuffle`) for a :class:`ShardedDataset` and uniform for
-    an in-memory :class:`ArrayDataset`.
+    Permutations are chunk-aware (:func:`~hethpc.data.order.block_shuffle`) for a
+    :class:`ShardedDataset` and uniform for an in-memory :class:`ArrayDataset`. A sharded
+    dataset is read one shuffle window at a time (each chunk once per epoch, laid out in
+    stream order; the last three windows are kept), and batches come in stream order as
+    slices of it, sharing its memory (never served twice). In-memory batches are gathered
+    in storage (index) order; which samples form each batch follows the permutation.
 
     Args:
         dataset: an :class:`ArrayDataset` or a :class:`ShardedDataset`.
@@ -76,8 +78,8 @@ class Loader:
             spends at least a quarter of a batch's load time between calls (its compute, which
             the read then overlaps); a loop that only reads gains nothing from a thread
             hand-off per batch, so it reads in line.
-        shuffle_window: chunks shuffled together for a sharded dataset (memory: this many
-            chunks; the dataset's chunk cache must hold them).
+        shuffle_window: chunks shuffled together for a sharded dataset (memory: about three
+            windows of this many chunks).
         normalize: cast uint8 samples to float32 in ``[0, 1]`` (others are cast to float32).
 
     Raises:
