@@ -331,7 +331,10 @@ class ShardedDataset:
             for g0, g1 in zip(gstart.tolist(), gend.tolist(), strict=True):
                 lo, hi = int(local[g0]), int(local[g1 - 1]) + 1
                 self._read_into(int(shard[g0]), lo, hi, buf[: hi - lo])
-                out[pos[g0:g1]] = buf[local[g0:g1] - lo]
+                if hi - lo == g1 - g0:  # every row of lo..hi-1 once: no gather needed
+                    out[pos[g0:g1]] = buf[: hi - lo]
+                else:
+                    out[pos[g0:g1]] = buf[local[g0:g1] - lo]
         return out, self.labels[idx]
 
     def close(self) -> None:
