@@ -13,7 +13,7 @@ import torch
 from hethpc import comm
 from hethpc.batching.allocation import Bound, allocate
 from hethpc.batching.decision import Adjustment, decide
-from hethpc.batching.estimate import TimeEstimator
+from hethpc.batching.estimate import TimeEstimator, common_cut
 from hethpc.batching.slowdown import Slowdown, SlowdownSchedule, stretch
 
 MODES = ("dynamic", "static", "uniform")
@@ -29,12 +29,13 @@ class BatchController:
     Every rank times its own compute (forward + backward: start a clock before the forward and
     call :meth:`timer_stop` after the backward) and keeps a robust estimate of its per-sample
     time at the current size (:class:`TimeEstimator`: a trimmed mean over a window that grows
-    while the speed is steady and restarts when it changes significantly). Every ``interval``
-    steps the ranks allgather ``(b_k, t_k, standard error)`` through mpi4py and all compute the
-    same sizes, proportional to throughput, summing to ``global_batch``; they adopt them when a
-    rank's size moves by more than the dead-band, by more than ``noise_z`` standard errors and
-    by more than ``min_change`` samples (:func:`decide`). Create it on every rank of ``group`` at
-    the same point and call :meth:`update` on every rank every step.
+    while the speed is steady and restarts, on every rank at the same step, when some rank's
+    speed changes significantly). Every ``interval`` steps the ranks allgather ``(b_k, t_k,
+    standard error)`` through mpi4py and all compute the same sizes, proportional to
+    throughput, summing to ``global_batch``; they adopt them when a rank's size moves by more
+    than the dead-band, by more than ``noise_z`` standard errors and by more than
+    ``min_change`` samples (:func:`decide`). Create it on every rank of ``group`` at the same
+    point and call :meth:`update` on every rank every step.
 
     Args:
         global_batch: B, the samples of one step over the group; never changes.
@@ -246,7 +247,12 @@ class BatchController:
         return rec
 
     def _decide(self, step: int) -> Adjustment:
-        est = self._estimator.report()
+        # Cut every rank's window at the same step, so that a slow spell of the whole host
+        # cancels between the ranks instead of moving the sizes.
+        cuts = comm.allgather_array(
+            np.array([float(self._estimator.change_cut())]), group=self._group
+        )
+        est = self._estimator.report(keep=common_cut([int(c) for c in cuts[:, 0]]))
         self._smoothed = est.per_sample_s
         mine = np.array([float(self.local_batch), est.per_sample_s, est.rel_se, est.elasticity])
         gathered = comm.allgather_array(mine, group=self._group)

@@ -137,22 +137,37 @@ class TimeEstimator:
             self._noise = se * math.sqrt(n)
         return mean, max(se, self._noise / math.sqrt(n))
 
-    def report(self) -> Estimate:
-        """The estimate for a decision, after dropping the older steps on a significant change."""
-        fresh = min(self._fresh, len(self._times))
-        self._fresh = 0
-        # Compare the last 1, 2, 4, ... reports' worth of steps with the steps before them: a
-        # large change shows at once, a moderate one once enough steps have seen it.
-        recent = fresh
+    def change_cut(self) -> int:
+        """How many of the most recent steps to keep because the speed changed before them
+        (0: no significant change, keep the whole window). Does not modify the window.
+
+        The steps of the last 1, 2, 4, ... reports are compared with the steps before them: a
+        large change shows at once, a moderate one once enough steps have seen it.
+        """
+        recent = min(self._fresh, len(self._times))
         while 0 < recent < len(self._times):
             old_mean, old_se = self._stats(self._times[:-recent])
             new_mean, new_se = self._stats(self._times[-recent:])
             gap = abs(new_mean - old_mean)
             if gap > max(math.log1p(self.floor), self.change_z * math.hypot(old_se, new_se)):
-                self._times = self._times[-recent:]
-                self._prev = None  # the speed changed: the previous size's time is stale
-                break
+                return recent
             recent *= 2
+        return 0
+
+    def report(self, keep: int | None = None) -> Estimate:
+        """The estimate for a decision, after dropping the older steps on a change.
+
+        Args:
+            keep: the most recent steps to keep (0: all) when the ranks agreed on a common cut
+                (:func:`common_cut` of their :meth:`change_cut`), so that every rank's window
+                covers the same steps and a speed change common to all ranks (the host slowing
+                down) cancels in the allocation; None: this estimator's own :meth:`change_cut`.
+        """
+        cut = self.change_cut() if keep is None else int(keep)
+        self._fresh = 0
+        if 0 < cut < len(self._times):
+            self._times = self._times[-cut:]
+            self._prev = None  # the speed changed: the previous size's time is stale
         if not self._times:
             return Estimate(math.nan, math.nan, 0, self._elasticity)
         mean, se = self._stats(self._times)
@@ -199,6 +214,17 @@ class TimeEstimator:
         self._last = None if state["last"] is None else _triple(state["last"])
         self._prev = None if state["prev"] is None else _triple(state["prev"])
         self._elasticity = float(state["elasticity"])
+
+
+def common_cut(cuts: list[int] | tuple[int, ...]) -> int:
+    """The window cut every rank applies: the shortest of the ranks' detected cuts (so the
+    window holds no step from before any rank's change), or 0 when no rank detected one.
+
+    Args:
+        cuts: each rank's :meth:`TimeEstimator.change_cut` (0: none).
+    """
+    detected = [int(c) for c in cuts if int(c) > 0]
+    return min(detected) if detected else 0
 
 
 def _triple(v: list[Any]) -> tuple[int, float, float]:

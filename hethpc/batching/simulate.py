@@ -22,7 +22,7 @@ import numpy as np
 
 from hethpc.batching.allocation import Bound, allocate
 from hethpc.batching.decision import Adjustment, decide
-from hethpc.batching.estimate import TimeEstimator
+from hethpc.batching.estimate import TimeEstimator, common_cut
 from hethpc.batching.slowdown import Slowdown, SlowdownSchedule
 
 
@@ -128,6 +128,7 @@ def simulate(
     sleep_jitter_s: float = 0.0,
     drift: float = 0.0,
     drift_steps: float = 20.0,
+    shared_drift: float = 0.0,
     spike_prob: float = 0.0,
     spike_factor: float = 3.0,
     seed: int = 0,
@@ -156,7 +157,9 @@ def simulate(
         drift: stationary sigma of a slowly varying log speed per rank (an AR(1) process with
             correlation time ``drift_steps``: interference that lasts many steps). It is part
             of the noise-free time.
-        drift_steps: the drift's correlation time in steps.
+        drift_steps: the drift's correlation time in steps (also of ``shared_drift``).
+        shared_drift: stationary sigma of a slowly varying log speed common to all ranks (the
+            whole host slowing down and speeding up); part of the noise-free time.
         spike_prob: chance that a step is also multiplied by ``spike_factor``.
         spike_factor: the size of a spike (a descheduled step).
         seed: the noise's seed.
@@ -186,10 +189,13 @@ def simulate(
     measured = np.zeros((steps, n))
     records: list[Adjustment] = []
     level = np.zeros(n)  # the drift's log speed per rank
+    common = 0.0  # the shared drift's log speed
     rho = math.exp(-1.0 / drift_steps)
     for step in range(steps):
         if drift:  # drawn only when used, like the jitter
             level = rho * level + drift * math.sqrt(1 - rho * rho) * rng.standard_normal(n)
+        if shared_drift:
+            common = rho * common + shared_drift * math.sqrt(1 - rho * rho) * rng.standard_normal()
         draws = rng.standard_normal(n)
         spikes = rng.random(n) < spike_prob
         # drawn only when used, so that runs without jitter keep their noise streams
@@ -197,7 +203,7 @@ def simulate(
         jitter = rng.exponential(1.0, (2, n)) if used else np.zeros((2, n))
         for k, r in enumerate(ranks):
             f = sched.factor(k, step)
-            c = (r.per_step_s + r.per_sample_s * int(sizes[k])) * math.exp(float(level[k]))
+            c = (r.per_step_s + r.per_sample_s * int(sizes[k])) * math.exp(float(level[k]) + common)
             # the expected delays are real time spent: part of the noise-free time
             t = f * (c + abs_noise_s) + (sleep_jitter_s if f > 1 else 0.0)
             c = c * math.exp(noise * float(draws[k])) + abs_noise_s * float(jitter[0, k])
@@ -208,7 +214,8 @@ def simulate(
             est[k].add(int(sizes[k]), m)
         if (step + 1) % interval:
             continue
-        reports = [e.report() for e in est]
+        keep = common_cut([e.change_cut() for e in est])
+        reports = [e.report(keep) for e in est]
         rec = decide(
             step,
             sizes,
