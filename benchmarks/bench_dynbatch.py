@@ -3,24 +3,34 @@
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_dynbatch.py [--quick]
 
 Launches itself under ``scripts/mpirun.sh`` on 2 ranks (and 4, oversubscribed, unless
-``--quick``). Each launch trains a 1-D CNN on MNIST-1D three times, side by side:
+``--quick``). Each launch trains a 1-D CNN on MNIST-1D three times:
 
 1. uniform batches, rank 1 slowed FACTOR x, ``--epochs`` epochs;
 2. dynamic batching, same slowdown, same seed, same epochs (accuracy compared with 1);
 3. dynamic batching while the slowdown changes: FACTOR x, then 1x at step S, FACTOR x at 2S.
 
+Runs 1 and 2 alternate epoch by epoch (U D, D U, U D, ...), so that both are timed on the same
+machine: on a shared 2-core host the speed drifts by tens of percent over seconds.
+
 Every step each rank takes its slice of one seeded global permutation by its current size,
 times forward + backward (stretched by the emulated slowdown), and combines gradients with
-``weighted_gradient_allreduce``. The ideal epoch time is the global batch divided by the sum of
-the ranks' throughputs (samples/s of compute, measured in the uniform run), per step.
+``weighted_gradient_allreduce``. The global batch is large (1024) so that a step's compute
+(about 0.1-0.3 s) dwarfs what it does not count: the allreduce and optimiser step (about 5 ms)
+and a fixed cost per forward/backward (about 1.5 ms), which at small batches (128) made step
+time far from proportional to the batch.
 
-Definitions: a decision is *balanced* when the ranks' smoothed step times differ by at most
-``--balance-tol`` (max/min - 1). ``adjustments_to_balance``: adopted adjustments before the first
-balanced decision of run 2. ``intervals_to_rebalance``: for each change in run 3, decisions
-after the change before the first balanced one (the largest over the changes).
-``steady_adjustments``: adopted adjustments after balance, before the next change, summed over
-runs 2 and 3. ``dynamic_epoch_s``: mean over epochs 2.. of run 2 (epoch 1 holds the
-transient, reported as ``dynamic_first_epoch_s``); ``uniform_epoch_s``: mean over run 1.
+Definitions: a rank's *throughput* is its samples over its compute seconds (all of them, slow
+spells included, as the epoch times include them) in epochs 2..; the *ideal* epoch time is the
+epoch's samples over the sum of the ranks' throughputs, each rank taken at the higher of its
+throughputs in runs 1 and 2. A decision is *balanced* when the ranks' smoothed step times
+differ by at most ``--balance-tol`` (max/min - 1). ``adjustments_to_balance``: adopted
+adjustments before the first balanced decision of run 2. ``intervals_to_rebalance``: for each
+change in run 3, decisions after the change before the first balanced one (the largest over
+the changes). ``steady_adjustments``: adopted adjustments after balance, before the next
+change, summed over runs 2 and 3. ``dynamic_epoch_s`` and ``uniform_epoch_s``: means over
+epochs 2.. (epoch 1 holds the transient from uniform sizes, reported as
+``dynamic_first_epoch_s``). ``timing_noise``: per rank, the standard deviation of the log
+compute time per step in run 1 (what the controller has to see through).
 
 The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
 under ``"np4"``.
@@ -61,9 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="epochs of runs 1 and 2 (default 3)")
     p.add_argument("--samples", type=int, default=None, help="MNIST-1D samples (80%% train)")
     p.add_argument("--phase-steps", type=int, default=None, help="S: steps per phase of run 3")
-    p.add_argument("--batch", type=int, default=128, help="global batch B")
+    p.add_argument("--batch", type=int, default=1024, help="global batch B")
     p.add_argument("--channels", type=int, default=192, help="CNN channels (compute per sample)")
-    p.add_argument("--interval", type=int, default=10, help="steps between control decisions")
+    p.add_argument("--interval", type=int, default=20, help="steps between control decisions")
     p.add_argument("--balance-tol", type=float, default=0.10, help="balanced: max/min - 1 <= tol")
     p.add_argument("--seed", type=int, default=0, help="model init and shuffling seed")
     p.add_argument("--lr", type=float, default=0.05)
@@ -76,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.ranks = a.ranks or ("2" if a.quick else "2,4")
     a.epochs = a.epochs or (2 if a.quick else 3)
-    a.samples = a.samples or (6000 if a.quick else 20_000)
+    a.samples = a.samples or (20_000 if a.quick else 50_000)
     a.phase_steps = a.phase_steps or (60 if a.quick else 100)
     return a
 
@@ -97,69 +107,92 @@ def accuracy(model: nn.Module, data: ArrayDataset) -> float:
     return float((pred == data.y).mean())
 
 
-def train(
-    args: argparse.Namespace,
-    train_set: ArrayDataset,
-    test_set: ArrayDataset,
-    *,
-    mode: str,
-    slowdown: str,
-    epochs: int | None = None,
-    steps: int | None = None,
-) -> dict[str, Any]:
-    """One run; returns per-epoch times and accuracies, per-step records, the decisions."""
-    r, B = comm.rank(), args.batch
-    torch.manual_seed(args.seed)
-    model = cnn1d(train_set.x.shape[1:], train_set.num_classes, channels=args.channels)
-    model(torch.from_numpy(train_set.x[:2]))
-    comm.broadcast_model(model)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    ctl = BatchController(B, mode=mode, interval=args.interval, slowdown=slowdown)
-    per_epoch = len(train_set) // B
-    total = steps if steps is not None else per_epoch * (epochs or 1)
-    epoch_s: list[float] = []
-    acc: list[float] = []
-    log: list[tuple[int, int, float]] = []  # (step, batch, compute_s) of this rank
-    comm.barrier()
-    t_epoch = time.perf_counter()
-    perm = np.empty(0, dtype=np.int64)
-    for step in range(total):
-        epoch, k = divmod(step, per_epoch)
+class Run:
+    """One training run (its own model, optimiser and controller), advanced an epoch or a few
+    steps at a time so that two runs can be interleaved epoch by epoch."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        train_set: ArrayDataset,
+        test_set: ArrayDataset,
+        *,
+        mode: str,
+        slowdown: str,
+    ) -> None:
+        self.args, self.train_set, self.test_set, self.mode = args, train_set, test_set, mode
+        torch.manual_seed(args.seed)
+        self.model = cnn1d(train_set.x.shape[1:], train_set.num_classes, channels=args.channels)
+        self.model(torch.from_numpy(train_set.x[:2]))
+        comm.broadcast_model(self.model)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.ctl = BatchController(args.batch, mode=mode, interval=args.interval, slowdown=slowdown)
+        self.per_epoch = len(train_set) // args.batch
+        self.step = 0
+        self.epoch_s: list[float] = []
+        self.accuracy: list[float] = []
+        self.log: list[tuple[int, int, float]] = []  # (step, batch, compute_s) of this rank
+        self._perm = np.empty(0, dtype=np.int64)
+
+    def _one_step(self) -> None:
+        B, r = self.args.batch, comm.rank()
+        epoch, k = divmod(self.step, self.per_epoch)
         if k == 0:
-            perm = np.random.default_rng(args.seed + epoch).permutation(len(train_set))
-        sizes = ctl.batch_sizes
+            self._perm = np.random.default_rng(self.args.seed + epoch).permutation(
+                len(self.train_set)
+            )
+        sizes = self.ctl.batch_sizes
         b = int(sizes[r])
         lo = k * B + int(sizes[:r].sum())
-        idx = perm[lo : lo + b]
-        x, y = torch.from_numpy(train_set.x[idx]), torch.from_numpy(train_set.y[idx])
+        idx = self._perm[lo : lo + b]
+        x, y = torch.from_numpy(self.train_set.x[idx]), torch.from_numpy(self.train_set.y[idx])
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
+        loss = self.loss_fn(self.model(x), y)
+        self.opt.zero_grad()
         loss.backward()
-        compute_s = ctl.timer_stop(t0)
-        weighted_gradient_allreduce(model.parameters(), weight=b / B)
-        opt.step()
-        ctl.update(step=step, compute_s=compute_s)
-        log.append((step, b, compute_s))
-        if steps is None and k == per_epoch - 1:
-            comm.barrier()
-            epoch_s.append(time.perf_counter() - t_epoch)
-            acc.append(accuracy(model, test_set))  # every rank: the models are identical
-            say(
-                f"  {mode:8s} epoch {epoch + 1}: {epoch_s[-1]:.2f} s, test accuracy "
-                f"{100 * acc[-1]:.1f}%, sizes {ctl.batch_sizes.tolist()}"
-            )
-            comm.barrier()
-            t_epoch = time.perf_counter()
-    logs = comm.allgather_object(log)
-    return {
-        "epoch_s": epoch_s,
-        "accuracy": acc,
-        "logs": logs,
-        "decisions": [a.as_dict() for a in ctl.adjustments],
-        "steps_per_epoch": per_epoch,
-    }
+        compute_s = self.ctl.timer_stop(t0)
+        weighted_gradient_allreduce(self.model.parameters(), weight=b / B)
+        self.opt.step()
+        self.ctl.update(step=self.step, compute_s=compute_s)
+        self.log.append((self.step, b, compute_s))
+        self.step += 1
+
+    def run_steps(self, n: int) -> None:
+        """``n`` steps, untimed (the change run)."""
+        for _ in range(n):
+            self._one_step()
+
+    def run_epoch(self) -> None:
+        """One timed epoch, then the test accuracy (every rank: the models are identical)."""
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(self.per_epoch):
+            self._one_step()
+        comm.barrier()
+        self.epoch_s.append(time.perf_counter() - t0)
+        self.accuracy.append(accuracy(self.model, self.test_set))
+        say(
+            f"  {self.mode:8s} epoch {len(self.epoch_s)}: {self.epoch_s[-1]:.2f} s, test accuracy "
+            f"{100 * self.accuracy[-1]:.1f}%, sizes {self.ctl.batch_sizes.tolist()}"
+        )
+
+    def result(self) -> dict[str, Any]:
+        """Per-epoch times and accuracies, every rank's per-step records, the decisions."""
+        return {
+            "epoch_s": self.epoch_s,
+            "accuracy": self.accuracy,
+            "logs": comm.allgather_object(self.log),
+            "decisions": [a.as_dict() for a in self.ctl.adjustments],
+            "steps_per_epoch": self.per_epoch,
+        }
+
+
+def throughput(log: list[tuple[int, int, float]]) -> float:
+    """Samples per second of compute over the steps of ``log``: all samples over all compute
+    seconds. (A median of per-step rates would leave out the slow spells, which the epoch times
+    do include: on a shared host the speed drifts by tens of percent for seconds at a time.)"""
+    return sum(b for _, b, _ in log) / sum(t for _, _, t in log)
 
 
 def balanced(rec: dict[str, Any], tol: float) -> bool:
@@ -167,9 +200,9 @@ def balanced(rec: dict[str, Any], tol: float) -> bool:
     return bool(min(t) > 0 and max(t) / min(t) - 1 <= tol)
 
 
-def phase_figures(decisions: list[dict[str, Any]], start: int, end: int, tol: float) -> tuple[
-    int | None, int
-]:
+def phase_figures(
+    decisions: list[dict[str, Any]], start: int, end: int, tol: float
+) -> tuple[int | None, int]:
     """For decisions in [start, end): decisions before the first balanced one, and the
     adjustments adopted after it."""
     ds = [d for d in decisions if start <= d["step"] < end]
@@ -195,23 +228,36 @@ def worker(args: argparse.Namespace) -> None:
     train_set, test_set = load_mnist1d(num_samples=args.samples, cache_dir=args.cache_dir)
     say(f"{n} ranks, rank 1 slowed {F:g}x, global batch {args.batch}, cnn1d({args.channels})")
 
-    uni = train(args, train_set, test_set, mode="uniform", slowdown=f"1:{F:g}", epochs=args.epochs)
-    dyn = train(args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}", epochs=args.epochs)
+    # Runs 1 and 2 alternate epoch by epoch (U D, D U, U D, ...) so that both see the same
+    # machine: on a shared host the speed drifts by tens of percent over minutes.
+    uni_run = Run(args, train_set, test_set, mode="uniform", slowdown=f"1:{F:g}")
+    dyn_run = Run(args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}")
+    for e in range(args.epochs):
+        for run in (uni_run, dyn_run) if e % 2 == 0 else (dyn_run, uni_run):
+            run.run_epoch()
+    uni, dyn = uni_run.result(), dyn_run.result()
     S = args.phase_steps
     say(f"  change run: rank 1 at {F:g}x, 1x from step {S}, {F:g}x from step {2 * S}")
-    chg = train(
-        args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}@0,1:1@{S},1:{F:g}@{2 * S}",
-        steps=3 * S,
+    chg_run = Run(
+        args, train_set, test_set, mode="dynamic", slowdown=f"1:{F:g}@0,1:1@{S},1:{F:g}@{2 * S}"
     )
+    chg_run.run_steps(3 * S)
+    chg = chg_run.result()
 
-    # Throughput of each rank from the uniform run (skip the first steps: warm-up).
+    # Epoch 1 of the dynamic run holds the transient from uniform sizes; both runs are compared
+    # over epochs 2.. (measured side by side), and the ranks' throughputs are taken from the
+    # uniform run's steps in those epochs.
     spe = uni["steps_per_epoch"]
-    skip = min(5, len(uni["logs"][0]) // 4)
-    X = [statistics.median(b / t for _, b, t in log[skip:]) for log in uni["logs"]]
-    ideal = spe * args.batch / sum(X)
-    uniform_epoch = statistics.mean(uni["epoch_s"])
-    dyn_steady = dyn["epoch_s"][1:] or dyn["epoch_s"]
-    dynamic_epoch = statistics.mean(dyn_steady)
+    e0 = 1 if args.epochs > 1 else 0
+    skip = e0 * spe or min(5, spe // 4)
+    X = [throughput(log[skip:]) for log in uni["logs"]]
+    X_dyn = [throughput(log[skip:]) for log in dyn["logs"]]
+    noise = [statistics.pstdev(np.log([t for _, _, t in log[skip:]])) for log in uni["logs"]]
+    # Each rank at the faster of its two measured speeds: a run that slowed a rank down (the
+    # host's speed depends on what both cores do) then cannot flatter the ideal.
+    ideal = spe * args.batch / sum(max(u, d) for u, d in zip(X, X_dyn, strict=True))
+    uniform_epoch = statistics.mean(uni["epoch_s"][e0:])
+    dynamic_epoch = statistics.mean(dyn["epoch_s"][e0:])
     tol = args.balance_tol
 
     to_balance, steady2 = phase_figures(dyn["decisions"], 0, 10**9, tol)
@@ -233,6 +279,7 @@ def worker(args: argparse.Namespace) -> None:
         "global_batch": args.batch,
         "steps_per_epoch": spe,
         "uniform_epoch_s": round(uniform_epoch, 3),
+        "uniform_first_epoch_s": round(uni["epoch_s"][0], 3),
         "dynamic_epoch_s": round(dynamic_epoch, 3),
         "dynamic_first_epoch_s": round(dyn["epoch_s"][0], 3),
         "ideal_epoch_s": round(ideal, 3),
@@ -244,6 +291,8 @@ def worker(args: argparse.Namespace) -> None:
         "intervals_to_rebalance_per_change": rebalance,
         "steady_adjustments": steady2 + steady3,
         "throughputs": [round(x, 1) for x in X],
+        "dynamic_throughputs": [round(x, 1) for x in X_dyn],
+        "timing_noise": [round(v, 3) for v in noise],
         "final_sizes": dyn["decisions"][-1]["new_sizes"] if dyn["decisions"] else None,
         "epochs": args.epochs,
         "uniform_accuracy": round(acc_u, 4),
@@ -288,8 +337,13 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     results: dict[int, dict[str, Any]] = {}
     for n in [int(v) for v in args.ranks.split(",")]:
         cmd = [
-            str(ROOT / "scripts" / "mpirun.sh"), "-np", str(n), sys.executable, __file__,
-            "--worker", *argv,
+            str(ROOT / "scripts" / "mpirun.sh"),
+            "-np",
+            str(n),
+            sys.executable,
+            __file__,
+            "--worker",
+            *argv,
         ]
         if n != 2 and args.plot:
             cmd += ["--plot", str(Path(args.plot).with_suffix(f".np{n}.png"))]
