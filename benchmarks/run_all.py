@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/run_all.py            # every benchmarks/bench_*.py, default runs
     .venv/bin/python benchmarks/run_all.py --quick    # their --quick smoke runs
+    .venv/bin/python benchmarks/run_all.py --only bench_loader   # rerun some, keep the rest
 
 Each benchmark runs under ``flock /tmp/hethpc-bench.lock`` (never two at once on a shared
 machine); its last stdout line is one JSON object. The goals below come from the issues; a
-benchmark or key without a goal is listed with its value alone.
+benchmark or key without a goal is listed with its value alone. Every benchmark's last result
+is kept in benchmarks/RESULTS.json (with when it ran and whether quick), so ``--only`` reruns
+some and RESULTS.md still lists all, each with its own date.
 """
 
 from __future__ import annotations
@@ -79,14 +82,15 @@ def run_one(path: Path, *, quick: bool, timeout: float) -> tuple[dict | None, fl
     return None, took, tail
 
 
-def render(results: dict[str, tuple[dict | None, float, str]], quick: bool) -> str:
-    """RESULTS.md: one table row per figure."""
+def render(results: dict[str, tuple[dict | None, float, str]], runs: dict[str, str]) -> str:
+    """RESULTS.md: one table row per figure; ``runs`` says when and how each benchmark ran."""
     lines = [
         "# Benchmark results",
         "",
-        f"`make bench` ({'quick runs: --quick' if quick else 'default runs'}), "
-        f"{time.strftime('%Y-%m-%d %H:%M')}. Goals from the issues; quick runs are smoke runs "
-        "whose figures say less about the goals than the default ones.",
+        "`make bench` (benchmarks/run_all.py). Goals from the issues; quick runs are smoke runs "
+        "whose figures say less about the goals than the default ones. Runs:",
+        "",
+        *[f"- {name}: {runs[name]}" for name in results],
         "",
         "| benchmark | figure | value | goal | met |",
         "| --- | --- | --- | --- | --- |",
@@ -122,15 +126,29 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(HERE.glob("bench_*.py"))
     if args.only:
         paths = [q for q in paths if q.stem in args.only]
-    results = {}
+    store = args.out.with_suffix(".json")
+    kept = json.loads(store.read_text()) if store.is_file() else {}
+    ok = True
     for path in paths:
         print(f"== {path.name}", flush=True)
         data, took, tail = run_one(path, quick=args.quick, timeout=args.timeout)
-        results[path.stem] = (data, took, tail)
+        ok = ok and data is not None
+        kept[path.stem] = {
+            "data": data, "seconds": round(took), "tail": tail if data is None else "",
+            "when": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
+        }  # fmt: skip
         print(f"   {'ok' if data else 'FAILED'} in {took:.0f} s: {json.dumps(data)}", flush=True)
-    args.out.write_text(render(results, quick=args.quick))
-    print(f"wrote {args.out}")
-    return 0 if all(d is not None for d, _, _ in results.values()) else 1
+    store.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    names = sorted(kept)
+    results = {n: (kept[n]["data"], float(kept[n]["seconds"]), kept[n]["tail"]) for n in names}
+    runs = {
+        n: f"{kept[n]['when']}, {'--quick' if kept[n]['quick'] else 'default run'}, "
+        f"{kept[n]['seconds']} s"
+        for n in names
+    }
+    args.out.write_text(render(results, runs))
+    print(f"wrote {args.out} ({len(names)} benchmarks; {store.name} keeps their last results)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
