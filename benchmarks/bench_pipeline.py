@@ -57,8 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-ms", default="2,4,8,16", help="m values of the memory sweep")
     p.add_argument("--memory-rows", type=int, default=16, help="rows per micro-batch in the sweep")
     p.add_argument(
-        "--progress-interval", type=float, default=0.0005,
-        help="seconds between the progress thread's tests; 0: no thread (Pipeline's None)",
+        "--progress-interval", default="auto",
+        help="seconds between the progress thread's tests, 'auto' (a tenth of a pass, "
+        "Pipeline's default) or 0 (no thread: Pipeline's None)",
     )
     return p.parse_args(argv)
 
@@ -145,7 +146,9 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)
     single_model = make_model(w, L)
-    interval = args.progress_interval if args.progress_interval > 0 else None
+    interval: float | str | None = args.progress_interval
+    if interval != "auto":
+        interval = float(interval) if float(interval) > 0 else None
     pipes = {
         s: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
                     stage_group=comm.world(), progress_interval=interval)
@@ -221,6 +224,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "micro_batches": m,
         "batch": B,
         "progress_interval": interval,
+        "progress_interval_used_s": pipes["1f1b"].current_progress_interval,
         "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
         "single_rank_samples_per_s": round(single_sps, 2),
         "single_rank_alone_samples_per_s": round(alone_sps, 2),

@@ -17,6 +17,7 @@ from hethpc.pipeline import (
     peak_in_flight,
     stage_tasks,
 )
+from hethpc.pipeline.progress import auto_interval
 
 SIZES = [
     pytest.param(1, 1, id="P1-m1"),
@@ -122,3 +123,14 @@ def test_clock_rejects_orders_that_cannot_run(orders: list, match: str) -> None:
 def test_make_schedule_errors(name: str, stages: int, m: int, match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         make_schedule(name, stages, m)
+
+
+@pytest.mark.parametrize(
+    ("task_s", "interval"),
+    [(None, 0.0005), (0.0, 0.0005), (0.001, 0.0005), (0.035, 0.0035), (1.0, 0.01)],
+    ids=["untimed", "zero", "short-pass", "512-row-pass", "long-pass"],
+)
+def test_auto_progress_interval_is_a_tenth_of_a_pass_within_bounds(
+    task_s: float | None, interval: float
+) -> None:
+    assert auto_interval(task_s) == pytest.approx(interval)

@@ -8,7 +8,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.pipeline import Pipeline, PipelineError
-from hethpc.pipeline.progress import Lookahead, Progress
+from hethpc.pipeline.progress import Lookahead, Progress, auto_interval
 
 
 def payload(sender: int, i: int) -> torch.Tensor:
@@ -59,11 +59,15 @@ def test_step_stats_add_up() -> None:
 
 @pytest.mark.parametrize(
     "interval",
-    [pytest.param(0.0005, id="progress-thread"), pytest.param(None, id="no-thread")],
+    [
+        pytest.param(0.0005, id="progress-thread"),
+        pytest.param(None, id="no-thread"),
+        pytest.param("auto", id="auto"),
+    ],
 )
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_gradients_do_not_depend_on_the_progress_thread(
-    interval: float | None, schedule: str
+    interval: float | str | None, schedule: str
 ) -> None:
     n = comm.size()
     torch.manual_seed(0)
@@ -74,6 +78,8 @@ def test_gradients_do_not_depend_on_the_progress_thread(
                     stage_group=comm.world(), progress_interval=interval)
     x, y = torch.randn(12, 8), torch.randn(12, 8)
     loss = pipe.train_step(x, y, nn.functional.mse_loss)
+    if interval == "auto":  # next step: a tenth of this step's mean pass (4 F + 4 B)
+        assert pipe.current_progress_interval == auto_interval(pipe.stats.busy_s / 8)
     ref_loss = nn.functional.mse_loss(ref(x), y)
     ref_loss.backward()
     if pipe.is_last:
@@ -84,8 +90,8 @@ def test_gradients_do_not_depend_on_the_progress_thread(
         torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("interval", [pytest.param(0.0, id="zero"), pytest.param(-1.0, id="neg")])
-def test_bad_progress_interval_is_refused(interval: float) -> None:
+@pytest.mark.parametrize("interval", [0.0, -1.0, "fast"], ids=["zero", "neg", "word"])
+def test_bad_progress_interval_is_refused(interval: float | str) -> None:
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(comm.size())])
     with pytest.raises(PipelineError, match="progress_interval must be a positive"):
         Pipeline(model, balance=(1,) * comm.size(), micro_batches=2,
