@@ -272,6 +272,16 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
+        idx, pos, shard, local = self._locate(indices)
+        with self._lock:
+            out = self._gather(pos, shard, local)
+        return out, self.labels[idx]
+
+    def _locate(
+        self, indices: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+        """Checked ``indices``, the permutation sorting them (None: already sorted), and the
+        sorted indices' shards and rows in them; reopens handles in a forked process."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
@@ -285,9 +295,7 @@ class ShardedDataset:
         local = sidx - self._starts[shard]
         if os.getpid() != self._pid:
             self._reset()  # forked: the parent's handles, cache and lock are not usable here
-        with self._lock:
-            out = self._gather(pos, shard, local)
-        return out, self.labels[idx]
+        return idx, pos, shard, local
 
     def read_window(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order, for a request spanning many chunks.
@@ -308,22 +316,13 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(self)
-        if len(idx) and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
+        idx, pos, shard, local = self._locate(indices)
         out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
         if not len(idx):
             return out, self.labels[idx]
-        pos = np.argsort(idx, kind="stable")
-        sidx = idx[pos]
-        shard = np.searchsorted(self._starts, sidx, side="right") - 1
-        local = sidx - self._starts[shard]
         key = (shard << 32) | (local // self._chunk)
         gstart = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         gend = np.r_[gstart[1:], len(idx)]
-        if os.getpid() != self._pid:
-            self._reset()  # forked: the parent's handles, cache and lock are not usable here
         with self._lock:
             if self._buffer is None:
                 self._buffer = np.empty((self._chunk, *self.sample_shape), self.dtype)
@@ -331,10 +330,11 @@ class ShardedDataset:
             for g0, g1 in zip(gstart.tolist(), gend.tolist(), strict=True):
                 lo, hi = int(local[g0]), int(local[g1 - 1]) + 1
                 self._read_into(int(shard[g0]), lo, hi, buf[: hi - lo])
+                rows = slice(g0, g1) if pos is None else pos[g0:g1]
                 if hi - lo == g1 - g0:  # every row of lo..hi-1 once: no gather needed
-                    out[pos[g0:g1]] = buf[: hi - lo]
+                    out[rows] = buf[: hi - lo]
                 else:
-                    out[pos[g0:g1]] = buf[local[g0:g1] - lo]
+                    out[rows] = buf[local[g0:g1] - lo]
         return out, self.labels[idx]
 
     def close(self) -> None:
