@@ -3,15 +3,22 @@
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_loader.py [--quick]
 
 Measures samples/s for a few batch sizes, side by side in one run:
-  loader: hethpc.data.Loader as configured by default (IID mode, chunk-aware shuffle,
-          prefetch="auto": this loop does nothing between batches, so it reads in line),
-          and beside it with the prefetch thread forced on (``loader_prefetch``);
-  raw:    contiguous slices ``x[a:a+B]`` of each shard in file order (the practical limit);
+  loader: hethpc.data.Loader as configured by default on a dataset opened by default
+          (``open_dataset(path)``: sha256 of every shard checked once, then uncompressed chunks
+          read as raw bytes without HDF5's per-chunk Fletcher32 test; IID mode, chunk-aware
+          shuffle, prefetch="auto": this loop does nothing between batches, so it reads in
+          line); beside it, the same loader with the prefetch thread forced on
+          (``loader_prefetch``) and on a dataset opened with ``verify=False``, whose reads go
+          through HDF5 and its Fletcher32 test on every chunk (``loader_checked``);
+  raw:    contiguous slices ``x[a:a+B]`` of each shard in file order through h5py (the
+          practical limit, Fletcher32 tested by HDF5), and beside it contiguous raw chunk bytes
+          (``read_direct_chunk``) copied into each batch: the limit of the loader's raw path
+          (``raw_chunks``);
   naive:  a torch Dataset reading one sample per ``__getitem__`` from h5py, through a shuffling
           DataLoader (what users write first).
-All three read the same files after one warm-up pass (the page cache then holds them), the
-same float32 samples with the same HDF5 filters (Fletcher32), single-threaded (the forced
-prefetch thread aside). The machine is shared, so loader and raw are measured in --rounds
+All read the same files after one warm-up pass (the page cache then holds them), the same
+float32 samples stored with the Fletcher32 filter, single-threaded (the forced prefetch thread
+aside). The machine is shared, so loader and raw are measured in --rounds
 alternating rounds and each method's best round is reported (like ``timeit``), with every
 round's loader/raw ratio beside it to show the spread.
 The dataset is written once to --path (under /tmp) and reused by later runs.
@@ -79,6 +86,34 @@ def ensure_dataset(path: Path, num_samples: int, floats: int) -> ShardedDataset:
                   meta={"bench": want})
     print(f"  written in {time.perf_counter() - t0:.1f} s", flush=True)
     return open_dataset(path, verify=False)
+
+
+def bench_raw_chunks(ds: ShardedDataset, b: int, budget: int) -> float:
+    files = [h5py.File(ds.root / s.file, "r") for s in ds.manifest.shards]
+    c = ds.chunk_samples
+    per = c * int(np.prod(ds.sample_shape))
+    buf = np.empty(per * ds.dtype.itemsize + 64, np.uint8)
+    done, t0 = 0, time.perf_counter()
+    for f in files:
+        x, y = f["x"], f["y"]
+        n = x.shape[0]
+        for a in range(0, n, b):
+            out = np.empty((min(b, n - a), *ds.sample_shape), ds.dtype)
+            for c0 in range(a - a % c, a + len(out), c):
+                _, raw = x.id.read_direct_chunk((c0, *(0 for _ in ds.sample_shape)), out=buf)
+                rows = np.frombuffer(raw, ds.dtype, count=per).reshape(c, *ds.sample_shape)
+                lo, hi = max(a, c0), min(a + len(out), c0 + c, n)
+                out[lo - a : hi - a] = rows[lo - c0 : hi - c0]
+            xb, yb = torch.from_numpy(out), torch.from_numpy(y[a : a + b])
+            done += len(xb) + 0 * len(yb)
+            if done >= budget:
+                break
+        if done >= budget:
+            break
+    dt = time.perf_counter() - t0
+    for f in files:
+        f.close()
+    return done / dt
 
 
 def warm(ds: ShardedDataset) -> None:
@@ -160,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = min(args.rounds, 2)
     sample_bytes = 4 * args.sample_floats
     n = int(np.ceil(args.gigabytes * 1e9 / sample_bytes))
-    ds = ensure_dataset(Path(args.path), n, args.sample_floats)
+    checked = ensure_dataset(Path(args.path), n, args.sample_floats)
+    t0 = time.perf_counter()
+    ds = open_dataset(args.path)  # as users open it: sha256-verified, raw chunk reads
+    print(f"open_dataset with its sha256 check: {time.perf_counter() - t0:.2f} s", flush=True)
     size = sum(s.num_bytes for s in ds.manifest.shards)
     print(f"dataset: {len(ds)} samples, {size / 1e9:.2f} GB, chunk {ds.chunk_samples} samples, "
           f"{len(ds.manifest.shards)} shards; warming the page cache", flush=True)
@@ -171,30 +209,39 @@ def main(argv: list[str] | None = None) -> int:
     print(f"epoch order (once per epoch): {time.perf_counter() - t0:.3f} s", flush=True)
     rows, spread = {}, {}
     for b in args.batch_sizes:
-        raws, loads, fetches = [], [], []
+        runs: dict[str, list[float]] = {k: [] for k in
+                                         ("raw", "loader", "loader_prefetch", "loader_checked",
+                                          "raw_chunks")}
         for _ in range(max(1, args.rounds)):
-            raws.append(bench_raw(ds, b, budget))
-            loads.append(bench_loader(ds, b, budget, prefetch="auto"))
-            fetches.append(bench_loader(ds, b, budget, prefetch=True))
-            print(f"  batch {b:>5} round: raw {raws[-1]:>9.0f}/s  loader {loads[-1]:>9.0f}/s "
-                  f"(prefetch forced {fetches[-1]:>9.0f}/s)", flush=True)
-        raw, load, fetch = max(raws), max(loads), max(fetches)
-        naive = bench_naive(ds, b, args.naive_seconds)
-        rows[b] = {"loader": load, "loader_prefetch": fetch, "raw": raw, "naive": naive}
-        spread[b] = [round(f / r, 3) for f, r in zip(loads, raws, strict=True)]
-        print(f"batch {b:>5}: loader {load:>10.0f}/s (prefetch forced {fetch:>10.0f}/s)  raw "
-              f"{raw:>10.0f}/s  naive {naive:>8.0f}/s  loader/raw {load / raw:.2f} (rounds "
-              f"{spread[b]})  loader/naive {load / naive:.0f}x", flush=True)
+            runs["raw"].append(bench_raw(ds, b, budget))
+            runs["loader"].append(bench_loader(ds, b, budget, prefetch="auto"))
+            runs["loader_prefetch"].append(bench_loader(ds, b, budget, prefetch=True))
+            runs["loader_checked"].append(bench_loader(checked, b, budget, prefetch="auto"))
+            runs["raw_chunks"].append(bench_raw_chunks(ds, b, budget))
+            print(f"  batch {b:>5} round: " + "  ".join(
+                f"{k} {v[-1]:>9.0f}/s" for k, v in runs.items()), flush=True)
+        rows[b] = {k: max(v) for k, v in runs.items()}
+        rows[b]["naive"] = naive = bench_naive(ds, b, args.naive_seconds)
+        load, raw = rows[b]["loader"], rows[b]["raw"]
+        spread[b] = [round(f / r, 3) for f, r in zip(runs["loader"], runs["raw"], strict=True)]
+        print(f"batch {b:>5}: " + "  ".join(f"{k} {v:>9.0f}/s" for k, v in rows[b].items())
+              + f"  loader/raw {load / raw:.2f} (rounds {spread[b]})  loader_checked/raw "
+              f"{rows[b]['loader_checked'] / raw:.2f}  loader/raw_chunks "
+              f"{load / rows[b]['raw_chunks']:.2f}  loader/naive {load / naive:.0f}x", flush=True)
     big = rows[max(args.batch_sizes)]
     print(json.dumps({
         "dataset_gb": round(size / 1e9, 3),
         "batch_size": max(args.batch_sizes),
         "loader_samples_per_s": round(big["loader"]),
         "loader_prefetch_forced_samples_per_s": round(big["loader_prefetch"]),
+        "loader_checked_samples_per_s": round(big["loader_checked"]),
         "raw_samples_per_s": round(big["raw"]),
+        "raw_chunks_samples_per_s": round(big["raw_chunks"]),
         "naive_samples_per_s": round(big["naive"]),
         "loader_vs_raw": round(big["loader"] / big["raw"], 3),
         "loader_vs_naive": round(big["loader"] / big["naive"], 1),
+        "loader_checked_vs_raw": round(big["loader_checked"] / big["raw"], 3),
+        "loader_vs_raw_chunks": round(big["loader"] / big["raw_chunks"], 3),
         "goal_vs_raw": 0.7,
         "goal_vs_naive": 10,
         "by_batch": {str(b): {k: round(v) for k, v in r.items()} for b, r in rows.items()},

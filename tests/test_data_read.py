@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hethpc.data import ShardedDataset, open_dataset, write_dataset
+from hethpc.data import ShardError, ShardedDataset, open_dataset, write_dataset
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
 
@@ -41,13 +41,17 @@ CASES = {
 }
 
 
+CHECKSUMS = pytest.mark.parametrize("checks", [True, False], ids=["hdf5_reads", "raw_chunks"])
+
+
+@CHECKSUMS
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 20], ids=["no_cache", "cache"])
 @pytest.mark.parametrize("name", list(CASES), ids=list(CASES))
 def test_read_matches_numpy(
-    data: tuple[Path, np.ndarray, np.ndarray], name: str, cache_bytes: int
+    data: tuple[Path, np.ndarray, np.ndarray], name: str, cache_bytes: int, checks: bool
 ) -> None:
     path, x, y = data
-    ds = open_dataset(path, verify=False, cache_bytes=cache_bytes)
+    ds = open_dataset(path, verify=False, cache_bytes=cache_bytes, chunk_checksums=checks)
     idx = CASES[name]
     for _ in range(2):  # the second read may hit the chunk cache
         got_x, got_y = ds.read(idx)
@@ -67,10 +71,13 @@ def test_recycled_chunk_buffers_never_leak_into_results(
         np.testing.assert_array_equal(g, x[idx])
 
 
+@CHECKSUMS
 @pytest.mark.parametrize("name", list(CASES), ids=list(CASES))
-def test_read_window_matches_numpy(data: tuple[Path, np.ndarray, np.ndarray], name: str) -> None:
+def test_read_window_matches_numpy(
+    data: tuple[Path, np.ndarray, np.ndarray], name: str, checks: bool
+) -> None:
     path, x, y = data
-    ds = open_dataset(path, verify=False)
+    ds = open_dataset(path, verify=False, chunk_checksums=checks)
     idx = CASES[name]
     for _ in range(2):  # its one-chunk buffer is reused: results must not share it
         got_x, got_y = ds.read_window(idx)
@@ -78,11 +85,52 @@ def test_read_window_matches_numpy(data: tuple[Path, np.ndarray, np.ndarray], na
         np.testing.assert_array_equal(got_y, y[idx])
 
 
-def test_read_window_results_own_their_memory(data: tuple[Path, np.ndarray, np.ndarray]) -> None:
+@CHECKSUMS
+def test_read_window_results_own_their_memory(
+    data: tuple[Path, np.ndarray, np.ndarray], checks: bool
+) -> None:
     path, x, _ = data
-    ds = open_dataset(path, verify=False)
+    ds = open_dataset(path, verify=False, chunk_checksums=checks)
     first = ds.read_window(np.arange(0, 8))[0]
     ds.read_window(np.arange(8, 16))  # same buffer, other chunk
     np.testing.assert_array_equal(first, x[0:8])
     with pytest.raises(IndexError, match="0..229"):
         ds.read_window(np.array([3, N]))
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_raw_chunk_reads_only_after_sha256_and_only_for_uncompressed_chunks(
+    tmp_path: Path, compression: str | None
+) -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((50, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 50)
+    path = tmp_path / "ds"
+    write_dataset(path, [(x, y)], num_classes=3, chunk_samples=8, compression=compression)
+    checked = open_dataset(path, verify=False)
+    verified = open_dataset(path)
+    assert checked.chunk_checksums and not verified.chunk_checksums
+    idx = rng.permutation(50)
+    for ds in (checked, verified):
+        np.testing.assert_array_equal(ds.read_window(idx)[0], x[idx])
+        np.testing.assert_array_equal(ds.read(idx)[0], x[idx])
+    assert checked._raw == {0: False}
+    assert verified._raw == {0: compression is None}
+
+
+def test_raw_chunk_reads_skip_fletcher32_so_checked_reads_catch_later_damage(
+    tmp_path: Path,
+) -> None:
+    """The trade-off, pinned: a byte damaged after the sha256 check is caught only by HDF5."""
+    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    path = tmp_path / "ds"
+    write_dataset(path, [(x, np.zeros(64, dtype=np.int64))], num_classes=1, chunk_samples=8)
+    verified = open_dataset(path)
+    shard = path / verified.manifest.shards[0].file
+    raw = bytearray(shard.read_bytes())
+    at = bytes(raw).find(x[8:16].tobytes())
+    raw[at + 5] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    assert not np.array_equal(verified.read_window(np.arange(8, 16))[0], x[8:16])
+    with pytest.raises(ShardError, match="corrupt"):
+        open_dataset(path, verify=False).read_window(np.arange(8, 16))
