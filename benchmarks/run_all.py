@@ -120,12 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="each benchmark's short --quick run")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per benchmark")
-    p.add_argument("--only", nargs="*", default=None, help="benchmark names to run")
+    p.add_argument("--only", nargs="*", default=None,
+                   help="benchmarks to run, e.g. bench_loader or loader")
     p.add_argument("--out", type=Path, default=HERE / "RESULTS.md", help="results file")
     args = p.parse_args(argv)
     paths = sorted(HERE.glob("bench_*.py"))
     if args.only:
-        paths = [q for q in paths if q.stem in args.only]
+        names = {n.removesuffix(".py") for n in args.only}
+        names |= {f"bench_{n}" for n in names}
+        unknown = [n for n in args.only
+                   if not {n.removesuffix(".py"), f"bench_{n.removesuffix('.py')}"}
+                   & {q.stem for q in paths}]
+        if unknown:
+            p.error(f"--only: no benchmark named {', '.join(unknown)}; choose from "
+                    f"{', '.join(q.stem for q in paths)}")
+        paths = [q for q in paths if q.stem in names]
     store = args.out.with_suffix(".json")
     kept = json.loads(store.read_text()) if store.is_file() else {}
     ok = True

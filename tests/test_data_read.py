@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hethpc.data import ShardError, ShardedDataset, open_dataset, write_dataset
+from hethpc.data import ShardedDataset, ShardError, open_dataset, write_dataset
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
 

@@ -355,9 +355,10 @@ class ShardedDataset:
 
         Each touched chunk is read once (from its first to its last requested row) into one
         small reusable buffer (or as raw bytes, see the class), and its rows are scattered into
-        the result: each sample is copied once, out of a buffer that stays in the CPU cache. The chunk cache is neither
-        used nor filled. Meant for reads of whole shuffle windows (the loader's); for scattered
-        small requests that revisit chunks, :meth:`read` and its cache read less.
+        the result: each sample is copied once, out of a buffer that stays in the CPU cache.
+        The chunk cache is neither used nor filled. Meant for reads of whole shuffle windows
+        (the loader's); for scattered small requests that revisit chunks, :meth:`read` and its
+        cache read less.
 
         Args:
             indices: global sample indices, shape ``[k]`` (any order, repeats allowed).
