@@ -8,6 +8,10 @@ pipeline (m micro-batches, 1F1B and GPipe), the measured idle fraction against t
 (P-1)/(m+P-1), and the peak activation memory of 1F1B and GPipe as m grows (micro-batch size
 fixed). The last stdout line is one JSON object.
 
+Rounds alternate single-rank and pipeline steps (--rounds, --steps each); ``speedup`` is the
+median of the rounds' own ratios, since the host's speed drifts by 10-30 % within seconds
+(``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio of the overall medians).
+
 Baselines: ``single_rank`` is the whole model on both ranks at once (two independent loops, the
 machine's practical ceiling is twice it); ``single_rank_alone`` is one rank while the other
 sleeps. The per-stage breakdown (forward/backward ms per micro-batch, waiting per step) gives
@@ -52,8 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "matmuls lose efficiency on small micro-batches: see the module docstring)",
     )
     p.add_argument("--micro-batches", type=int, default=8, help="m for the throughput runs")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds single/pipeline")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per round and method")
+    p.add_argument("--rounds", type=int, default=8,
+                   help="alternating rounds of single and pipeline steps; the speedup is the "
+                   "median of the rounds' own ratios")
     p.add_argument("--memory-ms", default="2,4,8,16", help="m values of the memory sweep")
     p.add_argument("--memory-rows", type=int, default=16, help="rows per micro-batch in the sweep")
     p.add_argument(
@@ -159,37 +165,45 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     time_single(single_model, x, y, 1)
     for pipe in pipes.values():
         time_pipeline(pipe, x, y, 1)
-    single_t: list[float] = []
+    single_t: list[list[float]] = []  # per round, its steps
     alone_t: list[float] = []
-    pipe_t: dict[str, list[float]] = {s: [] for s in pipes}
+    pipe_t: dict[str, list[list[float]]] = {s: [] for s in pipes}
     pipe_stats: dict[str, list[StepStats]] = {s: [] for s in pipes}
     for r in range(args.rounds):
         # Both ranks run the whole model at once, each on its own core: one rank's throughput
         # under the same load as the pipeline's two ranks (two independent loops together:
         # the machine's practical ceiling is twice that).
         comm.barrier()
-        single_t += time_single(single_model, x, y, args.steps)
+        single_t.append(time_single(single_model, x, y, args.steps))
         # One rank alone, the other asleep: the whole model on one otherwise idle rank.
         alone_t += time_alone(single_model, x, y, args.steps, who=r % 2)
         for s, pipe in pipes.items():
             t, st = time_pipeline(pipe, x, y, args.steps)
-            pipe_t[s] += t
+            pipe_t[s].append(t)
             pipe_stats[s] += st
-        rates = [("single", single_t), *pipe_t.items()]
+        rates = [("single", single_t[-1]), *((k, v[-1]) for k, v in pipe_t.items())]
         say(f"round {r + 1}/{args.rounds} (rank 0): "
             + ", ".join(f"{k} {B / statistics.median(t):.1f} samples/s" for k, t in rates))
-    # Every rank's medians, combined on every rank.
+    # Every rank's per-round medians, combined on every rank.
+    med = statistics.median
     mine = {
-        "single": statistics.median(single_t),
+        "single": [med(t) for t in single_t],
         "alone": alone_t,
-        **{s: statistics.median(t) for s, t in pipe_t.items()},
+        **{s: [med(t) for t in v] for s, v in pipe_t.items()},
         **{f"stage_{s}": breakdown(v, m) for s, v in pipe_stats.items()},
     }
     all_ranks = comm.allgather_object(mine)
-    # One rank's throughput: the mean rank's; the pipeline goes at its slowest rank's pace.
-    single_s = statistics.mean(d["single"] for d in all_ranks)
-    alone_s = statistics.median([t for d in all_ranks for t in d["alone"]])
-    step_s = {s: max(d[s] for d in all_ranks) for s in pipes}
+    # Per round: one rank's time is the mean rank's; the pipeline goes at its slowest rank's
+    # pace. The machine's speed drifts by 10-30 % within seconds, so the speedup is the median
+    # of the rounds' own ratios (single and pipeline measured seconds apart), not a ratio of
+    # medians taken minutes apart.
+    rounds = range(args.rounds)
+    single_r = [statistics.mean(d["single"][r] for d in all_ranks) for r in rounds]
+    step_r = {s: [max(d[s][r] for d in all_ranks) for r in rounds] for s in pipes}
+    ratio_r = {s: [a / b for a, b in zip(single_r, v, strict=True)] for s, v in step_r.items()}
+    single_s = med(single_r)
+    alone_s = med([t for d in all_ranks for t in d["alone"]])
+    step_s = {s: med(v) for s, v in step_r.items()}
     stages = {s: [d[f"stage_{s}"] for d in all_ranks] for s in pipes}
     idle = {s: statistics.mean(b["idle"] for b in stages[s]) for s in pipes}
     for s in pipes:
@@ -219,6 +233,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     single_sps = B / single_s
     alone_sps = B / alone_s
     pipe_sps = B / step_s["1f1b"]
+    speedup = med(ratio_r["1f1b"])
     return {
         "stages": 2,
         "micro_batches": m,
@@ -231,9 +246,12 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "two_independent_loops_samples_per_s": round(2 * single_sps, 2),
         "pipeline_samples_per_s": round(pipe_sps, 2),
         "pipeline_gpipe_samples_per_s": round(B / step_s["gpipe"], 2),
-        "speedup": round(pipe_sps / single_sps, 3),
+        "speedup": round(speedup, 3),
+        "speedup_each_round": [round(v, 3) for v in ratio_r["1f1b"]],
+        "speedup_of_medians": round(pipe_sps / single_sps, 3),
+        "speedup_gpipe": round(med(ratio_r["gpipe"]), 3),
         "speedup_vs_alone": round(pipe_sps / alone_sps, 3),
-        "share_of_two_loops": round(pipe_sps / (2 * single_sps), 3),
+        "share_of_two_loops": round(speedup / 2, 3),
         "speedup_goal": 1.6,
         "speedup_ideal": round(2 * m / (m + 1), 3),
         "speedup_bound_from_stage_speeds": round(single_s * 1e3 / bound_ms, 3),
@@ -256,7 +274,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.quick:
-        args.steps, args.rounds, args.memory_ms = 3, 2, "2,4,8"
+        args.steps, args.rounds, args.memory_ms = 1, 3, "2,4,8"
     if not under_mpi():
         return relaunch(__file__, 2, argv)
     comm.init()
