@@ -7,7 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hethpc.data import ShardedDataset, ShardError, open_dataset, write_dataset
+from hethpc.data import (
+    DatasetError,
+    ShardedDataset,
+    ShardError,
+    open_dataset,
+    open_dataset_shared,
+    split_shards,
+    write_dataset,
+)
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
 
@@ -134,3 +142,30 @@ def test_raw_chunk_reads_skip_fletcher32_so_checked_reads_catch_later_damage(
     assert not np.array_equal(verified.read_window(np.arange(8, 16))[0], x[8:16])
     with pytest.raises(ShardError, match="corrupt"):
         open_dataset(path, verify=False).read_window(np.arange(8, 16))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world", "expected"),
+    [
+        ([5, 5, 5, 5], 2, [[0, 2], [1, 3]]),
+        ([10, 1, 1, 1], 2, [[0], [1, 2, 3]]),
+        ([3, 9, 4], 3, [[1], [2], [0]]),
+        ([1, 2], 4, [[1], [0], [], []]),
+        ([], 2, [[], []]),
+    ],
+)
+def test_split_shards_balances_bytes(
+    sizes: list[int], world: int, expected: list[list[int]]
+) -> None:
+    assert split_shards(sizes, world) == expected
+
+
+def test_open_dataset_shared_in_one_process_hashes_everything(
+    data: tuple[Path, np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    path, x, _ = data
+    ds = open_dataset_shared(path)
+    assert not ds.chunk_checksums
+    np.testing.assert_array_equal(ds.read_window(np.arange(N))[0], x)
+    with pytest.raises(DatasetError, match="not a dataset directory"):
+        open_dataset_shared(tmp_path)

@@ -19,6 +19,7 @@ from hethpc.data.partition import (
     make_partitioner,
 )
 from hethpc.data.sharded import ShardedDataset, open_dataset
+from hethpc.data.shared import open_dataset_shared, split_shards
 from hethpc.data.writer import DatasetWriter, sha256_file, write_dataset
 
 __all__ = [
@@ -45,8 +46,10 @@ __all__ = [
     "local_batch_size",
     "make_partitioner",
     "open_dataset",
+    "open_dataset_shared",
     "rotate_chunks",
     "segment_bounds",
+    "split_shards",
     "senders",
     "share_size",
     "sources",

@@ -406,6 +406,21 @@ class ShardedDataset:
             self._free = list(range(self._nslots))[::-1]
 
 
+def hash_problems(root: Path, manifest: Manifest, shards: list[int]) -> list[str]:
+    """A message for each of the shards (indices into ``manifest.shards``) whose file's sha256
+    differs from the manifest's."""
+    problems = []
+    for i in shards:
+        s = manifest.shards[i]
+        p = shard_path(root, s.file)
+        if sha256_file(p) != s.sha256:
+            problems.append(
+                f"shard {p} fails its sha256 checksum (corrupt or modified; restore it or "
+                "convert the dataset again)"
+            )
+    return problems
+
+
 def _problem_files(root: Path, manifest: Manifest) -> list[str]:
     problems = []
     listed = {s.file for s in manifest.shards}
@@ -497,13 +512,11 @@ def open_dataset(
     problems = _problem_files(root, manifest)
     labels: list[np.ndarray] = []
     if not problems:
-        for s in manifest.shards:
+        for i, s in enumerate(manifest.shards):
             p = shard_path(root, s.file)
-            if verify and sha256_file(p) != s.sha256:
-                problems.append(
-                    f"shard {p} fails its sha256 checksum (corrupt or modified; restore it "
-                    "or convert the dataset again)"
-                )
+            bad = hash_problems(root, manifest, [i]) if verify else []
+            if bad:
+                problems += bad
                 continue
             try:
                 labels.append(_check_shard(p, s, manifest, locking))

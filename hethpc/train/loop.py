@@ -16,7 +16,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import ReduceOp
-from hethpc.data import ArrayDataset, ShardedDataset, load_mnist1d, open_dataset
+from hethpc.data import ArrayDataset, ShardedDataset, load_mnist1d, open_dataset_shared
 from hethpc.models import build_model
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
@@ -53,13 +53,14 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
 
     ``mnist1d`` is generated into the cache (rank 0 first, so the others only read it); any
     other value is a directory holding ``train/`` and ``test/`` HDF5 shard datasets (as written
-    by ``data_tools/convert.py``), verified against their manifests before training. The test
-    split is read into memory for evaluation.
+    by ``data_tools/convert.py``), verified against their manifests before training (each rank
+    hashes a share of the shards; every rank raises the same error on damage). The test split is
+    read into memory for evaluation.
     """
     if cfg.data != "mnist1d":
         root = Path(cfg.data)
-        train = open_dataset(root / "train")
-        test = open_dataset(root / "test")
+        train = open_dataset_shared(root / "train")  # each rank hashes a share of the shards
+        test = open_dataset_shared(root / "test")
         x, y = test.read(np.arange(len(test)))
         return train, ArrayDataset(
             np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), int(test.num_classes)
