@@ -8,6 +8,10 @@ pipeline (m micro-batches, 1F1B and GPipe), the measured idle fraction against t
 (P-1)/(m+P-1), and the peak activation memory of 1F1B and GPipe as m grows (micro-batch size
 fixed). The last stdout line is one JSON object.
 
+The pipeline's last stage splits its backward (input gradient first, sent at once; weight
+gradients after: hethpc.pipeline.backward); ``1f1b-unsplit`` runs the same 1F1B with a plain
+backward beside it, and ``split_backward_gain`` is the median of the rounds' step-time ratios.
+
 Rounds alternate single-rank and pipeline steps (--rounds, --steps each); ``speedup`` is the
 median of the rounds' own ratios, since the host's speed drifts by 10-30 % within seconds
 (``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio of the overall medians).
@@ -155,10 +159,13 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     interval: float | str | None = args.progress_interval
     if interval != "auto":
         interval = float(interval) if float(interval) > 0 else None
+    # "1f1b-unsplit": 1F1B with a plain backward on the last stage (it sends its input's
+    # gradient only after its weights' gradients), to show what the split backward gains.
+    variants = {"1f1b": ("1f1b", True), "gpipe": ("gpipe", True), "1f1b-unsplit": ("1f1b", False)}
     pipes = {
-        s: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
-                    stage_group=comm.world(), progress_interval=interval)
-        for s in ("1f1b", "gpipe")
+        k: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
+                    stage_group=comm.world(), progress_interval=interval, split_backward=split)
+        for k, (s, split) in variants.items()
     }
     say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread")
     # Warm-up, then alternate rounds so that drifting machine load hits both sides alike.
@@ -250,6 +257,10 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "speedup_each_round": [round(v, 3) for v in ratio_r["1f1b"]],
         "speedup_of_medians": round(pipe_sps / single_sps, 3),
         "speedup_gpipe": round(med(ratio_r["gpipe"]), 3),
+        "speedup_1f1b_unsplit_backward": round(med(ratio_r["1f1b-unsplit"]), 3),
+        "split_backward_gain": round(
+            med([a / b for a, b in zip(step_r["1f1b-unsplit"], step_r["1f1b"], strict=True)]), 3
+        ),
         "speedup_vs_alone": round(pipe_sps / alone_sps, 3),
         "share_of_two_loops": round(speedup / 2, 3),
         "speedup_goal": 1.6,

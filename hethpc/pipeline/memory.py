@@ -12,7 +12,9 @@ class _Saved:
     __slots__ = ("tensor", "meter", "nbytes")
 
     def __init__(self, tensor: torch.Tensor, meter: ActivationMeter) -> None:
-        self.tensor = tensor
+        # Detached: a layer that saves its own output (ReLU, Tanh) would otherwise hold that
+        # output's graph from inside the graph, a cycle that outlives a retained graph.
+        self.tensor = tensor.detach()
         self.meter = meter
         self.nbytes = tensor.numel() * tensor.element_size()
         meter.live_bytes += self.nbytes

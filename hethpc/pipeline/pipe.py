@@ -13,6 +13,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
+from hethpc.pipeline.backward import can_split, input_gradient, tapped_forward, weight_gradients
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.partition import partition_by_counts, partition_by_params, split_model
@@ -90,6 +91,11 @@ class Pipeline:
             no thread, so transfers move only while the stage waits for a message (enough
             when MPI copies large messages in one step, e.g. Open MPI with
             ``btl_vader_single_copy_mechanism=cma``).
+        split_backward: on stages other than the first, compute the input's gradient first,
+            send it, then the weights' gradients (:mod:`hethpc.pipeline.backward`): the
+            previous stage gets it about half a backward earlier, for the same arithmetic.
+            Used when every parametrised layer of the stage holds its parameters directly
+            (else a plain backward).
 
     Raises:
         PipelineError: the balance does not match the group, or settings are out of range.
@@ -108,6 +114,7 @@ class Pipeline:
         checkpoint: bool = False,
         device: torch.device | str | None = None,
         progress_interval: float | str | None = "auto",
+        split_backward: bool = True,
     ) -> None:
         balance = partition_by_counts(len(model), balance)
         if len(balance) != stage_group.size:
@@ -144,6 +151,7 @@ class Pipeline:
         self.table = make_schedule(schedule, self.stages, self.micro_batches)
         self._tasks = stage_tasks(self.table, self.stage)
         self.module = split_model(model, balance)[self.stage].to(self.device)
+        self.split_backward = bool(split_backward) and self.stage > 0 and can_split(self.module)
         self.stats = StepStats(0.0, 0.0, 0)
         self._task_s: float | None = None  # mean forward or backward pass, last step
 
@@ -214,6 +222,7 @@ class Pipeline:
         g, dev, s = self.stage_group, self.device, self.stage
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
+        taps: dict[int, Any] = {}  # split backward: each micro-batch's layer outputs
         rng: dict[int, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64)
         busy = fwd = 0.0
@@ -233,9 +242,9 @@ class Pipeline:
                     if self.checkpoint:
                         rng[i] = _rng_state(dev)
                         with torch.no_grad():
-                            out = self._forward(inp, ys[i], n, loss_fn)
+                            out, _ = self._forward(inp, ys[i], n, loss_fn)
                     else:
-                        out = self._forward(inp, ys[i], n, loss_fn)
+                        out, taps[i] = self._forward(inp, ys[i], n, loss_fn)
                     dt = self._elapsed(t0)
                     busy += dt
                     fwd += dt
@@ -250,15 +259,25 @@ class Pipeline:
                     grad = None
                     if not self.is_last:
                         grad = grads.take(i)  # type: ignore[union-attr]
-                    inp, out = inputs.pop(i), outputs.pop(i)
+                    inp, out, tap = inputs.pop(i), outputs.pop(i), taps.pop(i, None)
                     t0 = time.perf_counter()
                     if self.checkpoint:
                         with _rng_restored(dev, rng.pop(i)):
-                            out = self._forward(inp, ys[i], n, loss_fn)
+                            out, tap = self._forward(inp, ys[i], n, loss_fn)
+                    if tap is not None and out.requires_grad and inp.requires_grad:
+                        g_in, tap_grads = input_gradient(out, grad, inp, tap)
+                        busy += self._elapsed(t0)
+                        net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
+                        t0 = time.perf_counter()
+                        weight_gradients(tap, tap_grads)
+                        busy += self._elapsed(t0)
+                        del out, tap, tap_grads
+                        live -= 1
+                        continue
                     if out.requires_grad:
                         torch.autograd.backward(out, grad)
                     busy += self._elapsed(t0)
-                    del out
+                    del out, tap
                     if not self.is_first:
                         g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
                         net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
@@ -309,12 +328,18 @@ class Pipeline:
 
     def _forward(
         self, inp: torch.Tensor, target: torch.Tensor | None, n: int, loss_fn: LossFn
-    ) -> torch.Tensor:
-        out = self.module(inp)
+    ) -> tuple[torch.Tensor, Any]:
+        """The stage's output (its loss share on the last stage), and its layers' outputs for
+        the split backward (None when not splitting or without autograd)."""
+        taps = None
+        if self.split_backward and torch.is_grad_enabled() and inp.requires_grad:
+            out, taps = tapped_forward(self.module, inp)
+        else:
+            out = self.module(inp)
         if not self.is_last:
-            return out
+            return out, taps
         assert target is not None
-        return loss_fn(out, target.to(self.device)) * (inp.shape[0] / n)
+        return loss_fn(out, target.to(self.device)) * (inp.shape[0] / n), taps
 
     def _elapsed(self, t0: float) -> float:
         if self.device.type == "cuda":
@@ -405,6 +430,7 @@ def build_pipeline(
     checkpoint: bool = False,
     device: torch.device | str | None = None,
     progress_interval: float | str | None = "auto",
+    split_backward: bool = True,
 ) -> Pipeline:
     """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
 
@@ -419,6 +445,7 @@ def build_pipeline(
         checkpoint: recompute activations in the backward pass.
         device: default ``cuda:<local rank>`` when present, else CPU.
         progress_interval: see :class:`Pipeline` (None: no progress thread).
+        split_backward: see :class:`Pipeline`.
 
     Raises:
         PipelineError: ``stages`` does not divide the world size, or bad settings.
@@ -437,4 +464,5 @@ def build_pipeline(
         checkpoint=checkpoint,
         device=device,
         progress_interval=progress_interval,
+        split_backward=split_backward,
     )

@@ -132,6 +132,52 @@ def test_loss_and_gradients_match_one_process(
         torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def make_nested_model(seed: int = 0) -> nn.Sequential:
+    """make_model's layers, the middle two grouped in a block (a stage holding it cannot split
+    its backward)."""
+    flat = make_model(seed)
+    return nn.Sequential(flat[0], flat[1], nn.Sequential(flat[2], flat[3]), *flat[4:])
+
+
+@pytest.mark.parametrize(
+    ("split", "nested"), [(False, False), (True, True)], ids=["split-off", "nested-fallback"]
+)
+def test_backward_without_the_split_matches_too(split: bool, nested: bool) -> None:
+    stages = comm.size()
+    if stages not in (2, 3):
+        pytest.skip("P=2 and P=3 only")
+    groups = groups_for(stages, 1)
+    model = make_nested_model() if nested else make_model()
+    balance = (2, len(model) - 2) if stages == 2 else (2, 2, len(model) - 4)
+    pipe = Pipeline(model, balance=balance, micro_batches=4, stage_group=groups.stage_group,
+                    split_backward=split)
+    holds_block = any(isinstance(layer, nn.Sequential) for layer in pipe.module)
+    assert holds_block is (nested and pipe.stage == 1)  # the block lands on stage 1
+    assert pipe.split_backward is (split and pipe.stage > 0 and not holds_block)
+    x, y = make_batch(16)
+    loss = pipe.train_step(x, y, nn.functional.cross_entropy)
+    ref_loss, ref = reference_grads(x, y)
+    if pipe.is_last:
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    # The stage's parameters are a run of the whole model's, in order (nested or not).
+    names = [k for k, _ in make_model().named_parameters()]
+    start = sum(len(list(m.parameters())) for m in list(model)[: sum(pipe.balance[: pipe.stage])])
+    mine = list(pipe.module.parameters())
+    for p, name in zip(mine, names[start : start + len(mine)], strict=True):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_stages_after_the_first_split_their_backward() -> None:
+    if comm.size() not in (2, 3, 4):
+        pytest.skip("P = 2, 3 or 4")
+    groups = groups_for(comm.size(), 1)
+    balance = {2: (3, 4), 3: (2, 2, 3), 4: (2, 2, 2, 1)}[comm.size()]
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=2,
+                    stage_group=groups.stage_group)
+    assert pipe.split_backward is (pipe.stage > 0)
+
+
 @pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
 def test_replicas_weighted_by_unequal_batches(
     stages: int, replicas: int, balance: tuple[int, ...]
