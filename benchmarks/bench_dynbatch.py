@@ -29,7 +29,11 @@ change in run 3, decisions after the change before the first balanced one (the l
 the changes). ``steady_adjustments``: adopted adjustments after balance, before the next
 change, summed over runs 2 and 3. ``dynamic_epoch_s`` and ``uniform_epoch_s``: means over
 epochs 2.. (epoch 1 holds the transient from uniform sizes, reported as
-``dynamic_first_epoch_s``). ``timing_noise``: per rank, the standard deviation of the log
+``dynamic_first_epoch_s``). ``ideal_same_run_epoch_s``: the ideal at the dynamic run's own
+measured throughputs; ``dynamic_slowest_compute_epoch_s``: per epoch, the sum over steps of the
+slowest rank's compute (``dynamic_mean_compute_epoch_s``: of the ranks' mean), so that the
+dynamic epoch splits into the ideal, the loss to imbalance and per-step noise, and the time
+outside compute. ``timing_noise``: per rank, the standard deviation of the log
 compute time per step in run 1 (what the controller has to see through).
 
 The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
@@ -256,6 +260,14 @@ def worker(args: argparse.Namespace) -> None:
     # Each rank at the faster of its two measured speeds: a run that slowed a rank down (the
     # host's speed depends on what both cores do) then cannot flatter the ideal.
     ideal = spe * args.batch / sum(max(u, d) for u, d in zip(X, X_dyn, strict=True))
+    # Where the dynamic run's time goes, over the same epochs: the ideal at its own measured
+    # speeds; each step's slowest compute (the balance and the per-step noise); the rest
+    # (allreduce, optimiser, waiting outside compute).
+    ideal_same = spe * args.batch / sum(X_dyn)
+    per_step = np.array([[t for _, _, t in log[skip:]] for log in dyn["logs"]])
+    dyn_epochs = max(1, per_step.shape[1] / spe)
+    slowest = float(per_step.max(axis=0).sum()) / dyn_epochs
+    mean_rank = float(per_step.mean(axis=0).sum()) / dyn_epochs
     uniform_epoch = statistics.mean(uni["epoch_s"][e0:])
     dynamic_epoch = statistics.mean(dyn["epoch_s"][e0:])
     tol = args.balance_tol
@@ -286,6 +298,10 @@ def worker(args: argparse.Namespace) -> None:
         "speedup": round(uniform_epoch / dynamic_epoch, 3),
         "ideal_speedup": round(uniform_epoch / ideal, 3),
         "dynamic_over_ideal": round(dynamic_epoch / ideal, 3),
+        "ideal_same_run_epoch_s": round(ideal_same, 3),
+        "dynamic_over_ideal_same_run": round(dynamic_epoch / ideal_same, 3),
+        "dynamic_slowest_compute_epoch_s": round(slowest, 3),
+        "dynamic_mean_compute_epoch_s": round(mean_rank, 3),
         "adjustments_to_balance": applied_before,
         "intervals_to_rebalance": None if None in rebalance else max(rebalance),  # type: ignore[type-var]
         "intervals_to_rebalance_per_change": rebalance,
