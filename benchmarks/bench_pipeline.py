@@ -12,7 +12,8 @@ The pipeline's last stage splits its backward (input gradient first, sent at onc
 gradients after: hethpc.pipeline.backward); ``1f1b-unsplit`` runs the same 1F1B with a plain
 backward beside it, and ``split_backward_gain`` is the median of the rounds' step-time ratios.
 
-Rounds alternate single-rank and pipeline steps (--rounds, --steps each); ``speedup`` is the
+Rounds alternate single-rank and pipeline steps (--rounds, default 16, of --steps, default 1,
+each); ``speedup`` is the
 median of the rounds' own ratios, since the host's speed drifts by 10-30 % within seconds
 (``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio of the overall medians).
 
@@ -60,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "matmuls lose efficiency on small micro-batches: see the module docstring)",
     )
     p.add_argument("--micro-batches", type=int, default=8, help="m for the throughput runs")
-    p.add_argument("--steps", type=int, default=2, help="timed steps per round and method")
-    p.add_argument("--rounds", type=int, default=8,
+    p.add_argument("--steps", type=int, default=1, help="timed steps per round and method")
+    p.add_argument("--rounds", type=int, default=16,
                    help="alternating rounds of single and pipeline steps; the speedup is the "
                    "median of the rounds' own ratios")
     p.add_argument("--memory-ms", default="2,4,8,16", help="m values of the memory sweep")
