@@ -13,9 +13,9 @@ gradients after: hethpc.pipeline.backward); ``1f1b-unsplit`` runs the same 1F1B 
 backward beside it, and ``split_backward_gain`` is the median of the rounds' step-time ratios.
 
 Rounds alternate single-rank and pipeline steps (--rounds, default 16, of --steps, default 1,
-each); ``speedup`` is the
-median of the rounds' own ratios, since the host's speed drifts by 10-30 % within seconds
-(``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio of the overall medians).
+each); ``speedup`` is the median of the rounds' own ratios, since the host's speed drifts by
+10-30 % within seconds (``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio
+of the overall medians).
 
 Baselines: ``single_rank`` is the whole model on both ranks at once (two independent loops, the
 machine's practical ceiling is twice it); ``single_rank_alone`` is one rank while the other
