@@ -59,10 +59,16 @@ def open_dataset_shared(
             every shard's sha256 was checked.
 
     Raises:
+        CommError: this rank is not in ``group``.
         DatasetError: on every rank, when some rank found no valid manifest.
         ShardError: on every rank, when some rank found a damaged shard.
     """
     g = comm.world() if group is None else group
+    if not g.is_member:
+        raise comm.CommError(
+            f"open_dataset_shared: rank {comm.rank()} is not in the group {list(g.ranks)}; only "
+            "its members open the dataset together"
+        )
     found: tuple[str, str] | None = None
     ds = None
     try:

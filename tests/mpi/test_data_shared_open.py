@@ -77,3 +77,19 @@ def test_missing_dataset_fails_every_rank(
     root = _shared_dir(tmp_path_factory, r)
     with pytest.raises(DatasetError, match="not a dataset directory"):
         open_dataset_shared(root / "nothing-here")
+
+
+def test_a_subgroup_opens_it_alone(
+    world: tuple[int, int], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    r, n = world
+    root = _shared_dir(tmp_path_factory, r) / "ds"
+    x = _write(root, r)
+    first = comm.new_group([0, 1])
+    if first.is_member:
+        ds = open_dataset_shared(root, group=first)
+        np.testing.assert_array_equal(ds.read_window(np.arange(700))[0], x)
+    else:
+        with pytest.raises(comm.CommError, match="not in the group"):
+            open_dataset_shared(root, group=first)
+    comm.barrier()
