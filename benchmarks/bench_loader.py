@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -88,34 +89,6 @@ def ensure_dataset(path: Path, num_samples: int, floats: int) -> ShardedDataset:
     return open_dataset(path, verify=False)
 
 
-def bench_raw_chunks(ds: ShardedDataset, b: int, budget: int) -> float:
-    files = [h5py.File(ds.root / s.file, "r") for s in ds.manifest.shards]
-    c = ds.chunk_samples
-    per = c * int(np.prod(ds.sample_shape))
-    buf = np.empty(per * ds.dtype.itemsize + 64, np.uint8)
-    done, t0 = 0, time.perf_counter()
-    for f in files:
-        x, y = f["x"], f["y"]
-        n = x.shape[0]
-        for a in range(0, n, b):
-            out = np.empty((min(b, n - a), *ds.sample_shape), ds.dtype)
-            for c0 in range(a - a % c, a + len(out), c):
-                _, raw = x.id.read_direct_chunk((c0, *(0 for _ in ds.sample_shape)), out=buf)
-                rows = np.frombuffer(raw, ds.dtype, count=per).reshape(c, *ds.sample_shape)
-                lo, hi = max(a, c0), min(a + len(out), c0 + c, n)
-                out[lo - a : hi - a] = rows[lo - c0 : hi - c0]
-            xb, yb = torch.from_numpy(out), torch.from_numpy(y[a : a + b])
-            done += len(xb) + 0 * len(yb)
-            if done >= budget:
-                break
-        if done >= budget:
-            break
-    dt = time.perf_counter() - t0
-    for f in files:
-        f.close()
-    return done / dt
-
-
 def warm(ds: ShardedDataset) -> None:
     """Read every file once, so each method reads from the same (cached) state."""
     for s in ds.manifest.shards:
@@ -124,13 +97,16 @@ def warm(ds: ShardedDataset) -> None:
                 pass
 
 
-def bench_raw(ds: ShardedDataset, b: int, budget: int) -> float:
+def contiguous(
+    ds: ShardedDataset, b: int, budget: int, read: Callable[[h5py.Dataset, int, int], np.ndarray]
+) -> float:
+    """Samples/s of batches ``read(x, a, a + b)`` taken in file order, shard after shard."""
     files = [h5py.File(ds.root / s.file, "r") for s in ds.manifest.shards]
     done, t0 = 0, time.perf_counter()
     for f in files:
         x, y = f["x"], f["y"]
         for a in range(0, x.shape[0], b):
-            xb, yb = torch.from_numpy(x[a : a + b]), torch.from_numpy(y[a : a + b])
+            xb, yb = torch.from_numpy(read(x, a, a + b)), torch.from_numpy(y[a : a + b])
             done += len(xb) + 0 * len(yb)
             if done >= budget:
                 break
@@ -140,6 +116,31 @@ def bench_raw(ds: ShardedDataset, b: int, budget: int) -> float:
     for f in files:
         f.close()
     return done / dt
+
+
+def bench_raw(ds: ShardedDataset, b: int, budget: int) -> float:
+    """Contiguous slices through h5py (HDF5 tests each chunk's Fletcher32)."""
+    return contiguous(ds, b, budget, lambda x, a, e: x[a:e])
+
+
+def bench_raw_chunks(ds: ShardedDataset, b: int, budget: int) -> float:
+    """Contiguous batches assembled from raw chunk bytes (``read_direct_chunk``)."""
+    c = ds.chunk_samples
+    per = c * int(np.prod(ds.sample_shape))
+    buf = np.empty(per * ds.dtype.itemsize + 64, np.uint8)
+    origin = tuple(0 for _ in ds.sample_shape)
+
+    def read(x: h5py.Dataset, a: int, e: int) -> np.ndarray:
+        e = min(e, x.shape[0])
+        out = np.empty((e - a, *ds.sample_shape), ds.dtype)
+        for c0 in range(a - a % c, e, c):
+            _, raw = x.id.read_direct_chunk((c0, *origin), out=buf)
+            rows = np.frombuffer(raw, ds.dtype, count=per).reshape(c, *ds.sample_shape)
+            lo, hi = max(a, c0), min(e, c0 + c)
+            out[lo - a : hi - a] = rows[lo - c0 : hi - c0]
+        return out
+
+    return contiguous(ds, b, budget, read)
 
 
 def bench_loader(ds: ShardedDataset, b: int, budget: int, prefetch: bool | str) -> float:
