@@ -29,8 +29,8 @@ class ShardedDataset:
     object may be built before workers are started and pickled to them.
 
     Without ``chunk_checksums``, chunks stored uncompressed are read as raw bytes
-    (``read_direct_chunk``), skipping HDF5's filter pipeline and its per-chunk Fletcher32 test:
-    a third of the CPU time per chunk. :func:`open_dataset` turns this on only after it has
+    (``read_direct_chunk``), skipping HDF5's filter pipeline and its per-chunk Fletcher32 test,
+    at about a third of the CPU time per chunk. :func:`open_dataset` turns this on only after it has
     checked every shard's sha256, which covers every byte the Fletcher32 tests would.
     Compressed chunks always go through HDF5.
 
@@ -63,7 +63,7 @@ class ShardedDataset:
         self._chunk = manifest.chunk_samples
         self._sizes = counts
         self._sample_size = int(np.prod(manifest.sample_shape))
-        chunk_bytes = self._chunk * int(np.prod(manifest.sample_shape)) * self.dtype.itemsize
+        chunk_bytes = self._chunk * self._sample_size * self.dtype.itemsize
         self._nslots = max(1, self.cache_bytes // max(1, chunk_bytes))
         self._reset()
 
@@ -161,7 +161,7 @@ class ShardedDataset:
             c0 = a - a % self._chunk
             if self._raw_buffer is None:
                 nbytes = self._chunk * self._sample_size * self.dtype.itemsize
-                self._raw_buffer = np.empty(nbytes + 64, np.uint8)  # + Fletcher32's 4 bytes
+                self._raw_buffer = np.empty(nbytes + 64, np.uint8)  # and Fletcher32's 4 bytes
             try:
                 _, raw = self._dataset_x(shard).id.read_direct_chunk(
                     (c0, *(0 for _ in self.sample_shape)), out=self._raw_buffer
