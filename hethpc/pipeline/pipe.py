@@ -265,22 +265,22 @@ class Pipeline:
                         with _rng_restored(dev, rng.pop(i)):
                             out, tap = self._forward(inp, ys[i], n, loss_fn)
                     if tap is not None and out.requires_grad and inp.requires_grad:
+                        # the input's gradient first, sent at once; the weights' after it
                         g_in, tap_grads = input_gradient(out, grad, inp, tap)
                         busy += self._elapsed(t0)
                         net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
                         t0 = time.perf_counter()
                         weight_gradients(tap, tap_grads)
                         busy += self._elapsed(t0)
-                        del out, tap, tap_grads
-                        live -= 1
-                        continue
-                    if out.requires_grad:
-                        torch.autograd.backward(out, grad)
-                    busy += self._elapsed(t0)
+                        del tap_grads
+                    else:
+                        if out.requires_grad:
+                            torch.autograd.backward(out, grad)
+                        busy += self._elapsed(t0)
+                        if not self.is_first:
+                            g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
+                            net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
                     del out, tap
-                    if not self.is_first:
-                        g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                        net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
                     live -= 1
         self._reduce_replicas(dp_weight)
         self._task_s = busy / len(self._tasks) if self._tasks else None
