@@ -4,15 +4,22 @@
 #
 #   scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py ...
 #
-# Environment: HETHPC_MPIRUN_TIMEOUT (seconds, default 0 = no bound), MPIRUN (the launcher).
+# Environment: HETHPC_MPIRUN_TIMEOUT (seconds, default 0 = no bound), MPIRUN (the launcher),
+# PYTHON (runs scripts/probe_cma.py, default python3), and any OMPI_MCA_* setting, which wins.
 set -euo pipefail
 launcher=${MPIRUN:-mpirun}
 args=()
 if "$launcher" --version 2>&1 | grep -q "Open MPI"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_rmaps_base_oversubscribe=1
-  # Open MPI's vader BTL can fail its CMA probe in containers; this keeps shared memory working.
-  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  # Large messages between ranks of a node: one copy by CMA (the receiver takes the whole
+  # message while the sender computes) where the host allows it; some containers forbid it, and
+  # Open MPI then fails at the first large message, so a probe decides (two copies otherwise).
+  if [[ -z ${OMPI_MCA_btl_vader_single_copy_mechanism:-} ]]; then
+    mechanism=none
+    if "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/probe_cma.py"; then mechanism=cma; fi
+    export OMPI_MCA_btl_vader_single_copy_mechanism=$mechanism
+  fi
   # Ranks that wait in MPI yield the core instead of spinning: on a workstation the ranks,
   # Horovod's background threads and the loaders share few cores (a 10x step time difference
   # on 2 cores). Set it to 0 on dedicated nodes for the lowest latency.
