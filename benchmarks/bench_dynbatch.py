@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="about a minute: 2 ranks, fewer steps")
     p.add_argument("--ranks", default=None, help="world sizes to run, e.g. '2,4' (default 2,4)")
     p.add_argument("--factor", type=float, default=3.0, help="slowdown of rank 1")
+    p.add_argument(
+        "--slowdown-mode", default="busy", choices=("busy", "sleep"),
+        help="rank 1 computes through its extra time (busy, as a slower node would) or sleeps "
+        "(which frees its core for rank 0 on a shared host)",
+    )
     p.add_argument("--epochs", type=int, default=None, help="epochs of runs 1 and 2 (default 3)")
     p.add_argument("--samples", type=int, default=None, help="MNIST-1D samples (80%% train)")
     p.add_argument("--phase-steps", type=int, default=None, help="S: steps per phase of run 3")
@@ -131,7 +136,10 @@ class Run:
         comm.broadcast_model(self.model)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.ctl = BatchController(args.batch, mode=mode, interval=args.interval, slowdown=slowdown)
+        self.ctl = BatchController(
+            args.batch, mode=mode, interval=args.interval, slowdown=slowdown,
+            slowdown_mode=args.slowdown_mode,
+        )
         self.per_epoch = len(train_set) // args.batch
         self.step = 0
         self.epoch_s: list[float] = []
@@ -288,6 +296,7 @@ def worker(args: argparse.Namespace) -> None:
     out = {
         "ranks": n,
         "factor": F,
+        "slowdown_mode": args.slowdown_mode,
         "global_batch": args.batch,
         "steps_per_epoch": spe,
         "uniform_epoch_s": round(uniform_epoch, 3),

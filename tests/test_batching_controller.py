@@ -26,6 +26,7 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"min_change": -1}, BatchingError, "min_change must be >= 0 samples"),
         ({"probe_steps": -1}, BatchingError, "probe_steps must be >= 0"),
         ({"slowdown": "1:3"}, BatchingError, "names rank 1, but the group has 1 rank"),
+        ({"slowdown_mode": "spin"}, BatchingError, r"slowdown_mode must be one of \('busy'"),
         ({"mode": "uniform", "weights": [1.0]}, BatchingError, "takes no weights"),
         ({"mode": "static", "weights": [1.0, 2.0]}, BatchingError, "must be 1 finite positive"),
         ({"mode": "static", "weights": [0.0]}, BatchingError, "must be 1 finite positive"),
@@ -33,7 +34,8 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
         ({"b_min": 0}, AllocationError, "at least 1 on every rank"),
     ],
     ids=["mode", "interval", "deadband", "window", "noise_z", "trim", "min_change", "probe",
-         "slowdown-rank", "uniform-weights", "weights-length", "weights-zero", "b_max", "b_min"],
+         "slowdown-rank", "slowdown-mode", "uniform-weights", "weights-length", "weights-zero",
+         "b_max", "b_min"],
 )
 def test_bad_settings(kw: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):

@@ -74,9 +74,27 @@ def test_of_coerces() -> None:
     assert SlowdownSchedule.of(None) == SlowdownSchedule()
 
 
+@pytest.mark.parametrize("mode", ["busy", "sleep"])
 @pytest.mark.parametrize("factor", [1.0, 3.0], ids=["none", "3x"])
-def test_stretch_sleeps_at_least_factor_minus_one_times(factor: float) -> None:
-    # A lower bound only: sleep never returns early, so this cannot be flaky.
+def test_stretch_takes_at_least_factor_minus_one_times(factor: float, mode: str) -> None:
+    # A lower bound only: neither mode returns before its deadline, so this cannot be flaky.
     t0 = time.perf_counter()
-    stretch(0.02, factor)
+    stretch(0.02, factor, mode=mode)
     assert time.perf_counter() - t0 >= (factor - 1) * 0.02
+
+
+def test_busy_stretch_computes_and_sleep_stretch_does_not() -> None:
+    # CPU seconds of this thread over a 0.2 s stretch: a busy one spends most of it computing
+    # (a third allows for a loaded host), a sleeping one almost none.
+    used = {}
+    for mode in ("busy", "sleep"):
+        c0 = time.thread_time()
+        stretch(0.1, 3.0, mode=mode)
+        used[mode] = time.thread_time() - c0
+    assert used["busy"] > 0.2 / 3, used
+    assert used["sleep"] < 0.02, used
+
+
+def test_stretch_refuses_an_unknown_mode() -> None:
+    with pytest.raises(SlowdownError, match=r"slowdown mode must be one of \('busy', 'sleep'\)"):
+        stretch(0.01, 2.0, mode="spin")

@@ -14,10 +14,17 @@ from hethpc.batching.decision import Adjustment, decide
 from hethpc.batching.estimate import Estimate, TimeEstimator
 from hethpc.batching.gradients import WeightError, weighted_gradient_allreduce
 from hethpc.batching.simulate import PhaseFigures, SimRank, SimResult, ideal_sizes, simulate
-from hethpc.batching.slowdown import Slowdown, SlowdownError, SlowdownSchedule, stretch
+from hethpc.batching.slowdown import (
+    STRETCH_MODES,
+    Slowdown,
+    SlowdownError,
+    SlowdownSchedule,
+    stretch,
+)
 
 __all__ = [
     "MODES",
+    "STRETCH_MODES",
     "Adjustment",
     "AllocationError",
     "BatchController",

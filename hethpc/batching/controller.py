@@ -14,7 +14,7 @@ from hethpc import comm
 from hethpc.batching.allocation import Bound, allocate
 from hethpc.batching.decision import Adjustment, decide
 from hethpc.batching.estimate import TimeEstimator, common_cut
-from hethpc.batching.slowdown import Slowdown, SlowdownSchedule, stretch
+from hethpc.batching.slowdown import STRETCH_MODES, Slowdown, SlowdownSchedule, stretch
 
 MODES = ("dynamic", "static", "uniform")
 
@@ -57,6 +57,9 @@ class BatchController:
             sizes) and is adopted whatever its change; then every ``interval`` steps.
         slowdown: emulated heterogeneity applied in :meth:`timer_stop`: a
             :class:`SlowdownSchedule`, its ``"rank:factor@step"`` spec, or None.
+        slowdown_mode: how a slowed rank spends its extra time: ``"busy"`` computing, its core
+            occupied as a slower processor's would be, or ``"sleep"``, which frees the core
+            (see :func:`~hethpc.batching.stretch`).
         device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
         group: the data-parallel ranks sharing the global batch (default: the world).
 
@@ -82,6 +85,7 @@ class BatchController:
         b_max: Bound = None,
         probe_steps: int = 0,
         slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
+        slowdown_mode: str = "busy",
         device: torch.device | str | None = None,
         group: comm.Group | None = None,
     ) -> None:
@@ -89,6 +93,7 @@ class BatchController:
         self._rank = self._group.rank
         self._n = self._group.size
         self._slowdown = SlowdownSchedule.of(slowdown)
+        self.slowdown_mode = slowdown_mode
         self._device = torch.device(device) if device is not None else None
         self.global_batch = int(global_batch)
         self.mode = mode
@@ -114,6 +119,7 @@ class BatchController:
             _plain(b_max),
             self.probe_steps,
             self._slowdown.spec,
+            slowdown_mode,
         )
         # Decide on gathered settings so that a mismatch raises the same error on every rank.
         seen = comm.allgather_object(repr(settings), group=self._group)
@@ -157,6 +163,10 @@ class BatchController:
             raise BatchingError(f"trim must be in [0, 0.5), got {self.trim}")
         if self.probe_steps < 0:
             raise BatchingError(f"probe_steps must be >= 0, got {self.probe_steps}")
+        if self.slowdown_mode not in STRETCH_MODES:
+            raise BatchingError(
+                f"slowdown_mode must be one of {STRETCH_MODES}, got {self.slowdown_mode!r}"
+            )
         if self._slowdown.max_rank >= self._n:
             raise BatchingError(
                 f"slowdown {self._slowdown.spec!r} names rank {self._slowdown.max_rank}, but the "
@@ -199,7 +209,8 @@ class BatchController:
         """Seconds of compute since ``t0`` (a ``time.perf_counter()`` reading).
 
         Synchronises the device first on CUDA, then, under an emulated slowdown of factor F,
-        sleeps ``(F - 1)`` times the compute so far; the sleep is part of the returned time.
+        spends ``(F - 1)`` times the compute so far busy or asleep (``slowdown_mode``); that
+        time is part of the returned time.
 
         Args:
             t0: the clock reading taken just before the forward pass.
@@ -208,7 +219,8 @@ class BatchController:
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         elapsed = time.perf_counter() - t0
-        stretch(elapsed, self._slowdown.factor(self._rank, self._step if step is None else step))
+        factor = self._slowdown.factor(self._rank, self._step if step is None else step)
+        stretch(elapsed, factor, mode=self.slowdown_mode)
         return time.perf_counter() - t0
 
     def update(self, *, step: int, compute_s: float) -> Adjustment | None:

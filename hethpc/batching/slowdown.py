@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
 
 class SlowdownError(ValueError):
     """A slowdown specification cannot be parsed or is out of range."""
@@ -107,8 +109,36 @@ class SlowdownSchedule:
         return sorted({e.step for e in self.entries if e.step > 0})
 
 
-def stretch(elapsed_s: float, factor: float) -> None:
-    """Sleep ``(factor - 1) * elapsed_s`` so that a computation of ``elapsed_s`` seconds takes
-    ``factor`` times as long."""
-    if factor > 1 and elapsed_s > 0:
-        time.sleep((factor - 1) * elapsed_s)
+STRETCH_MODES = ("busy", "sleep")
+
+
+def stretch(elapsed_s: float, factor: float, *, mode: str = "busy") -> None:
+    """Make a computation of ``elapsed_s`` seconds take ``factor`` times as long.
+
+    Args:
+        elapsed_s: the computation's seconds so far.
+        factor: the slowdown (1 or less: return at once).
+        mode: ``"busy"`` keeps computing (small CPU matrix products) for the extra
+            ``(factor - 1) * elapsed_s`` seconds, as a slower processor would stay busy;
+            ``"sleep"`` sleeps instead, which frees the core: on a host shared by several ranks
+            the others may compute faster while this one waits.
+
+    Raises:
+        SlowdownError: ``mode`` is not one of :data:`STRETCH_MODES`.
+    """
+    if mode not in STRETCH_MODES:
+        raise SlowdownError(f"slowdown mode must be one of {STRETCH_MODES}, got {mode!r}")
+    if not (factor > 1 and elapsed_s > 0):
+        return
+    extra = (factor - 1) * elapsed_s
+    if mode == "sleep":
+        time.sleep(extra)
+        return
+    deadline = time.perf_counter() + extra
+    a = torch.ones(_BUSY_SIDE, _BUSY_SIDE)
+    while time.perf_counter() < deadline:
+        torch.mm(a, a)  # tens of microseconds each: the deadline is met that closely
+
+
+# Side of the busy loop's matrices: one product takes tens of microseconds on one core.
+_BUSY_SIDE = 128

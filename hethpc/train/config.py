@@ -77,6 +77,12 @@ class TrainConfig:
     batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
     b_min: int = _f(1, "dynamic batching: smallest batch of a rank")
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
+    slowdown_mode: str = _f(
+        "busy",
+        "how an emulated slow rank spends its extra time: computing (busy, as a slower node "
+        "would) or asleep (sleep: frees its core for the other ranks on a shared host)",
+        choices=("busy", "sleep"),
+    )
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")

@@ -105,6 +105,7 @@ def make_controller(cfg: TrainConfig, *, device: torch.device | None = None) -> 
         interval=cfg.batch_interval,
         b_min=cfg.b_min,
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
+        slowdown_mode=cfg.slowdown_mode,
         device=device,
     )
 
