@@ -13,7 +13,8 @@ Runs 1 and 2 alternate epoch by epoch (U D, D U, U D, ...), so that both are tim
 machine: on a shared 2-core host the speed drifts by tens of percent over seconds.
 
 Every step each rank takes its slice of one seeded global permutation by its current size,
-times forward + backward (stretched by the emulated slowdown), and combines gradients with
+times forward + backward (stretched by the emulated slowdown: rank 1 computes through its
+extra time with ``--slowdown-mode busy``, the default, or sleeps), and combines gradients with
 ``weighted_gradient_allreduce``. The global batch is large (1024) so that a step's compute
 (about 0.1-0.3 s) dwarfs what it does not count: the allreduce and optimiser step (about 5 ms)
 and a fixed cost per forward/backward (about 1.5 ms), which at small batches (128) made step
