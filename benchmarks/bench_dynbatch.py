@@ -13,8 +13,8 @@ Runs 1 and 2 alternate epoch by epoch (U D, D U, U D, ...), so that both are tim
 machine: on a shared 2-core host the speed drifts by tens of percent over seconds.
 
 Every step each rank takes its slice of one seeded global permutation by its current size,
-times forward + backward (stretched by the emulated slowdown: rank 1 computes through its
-extra time with ``--slowdown-mode busy``, the default, or sleeps), and combines gradients with
+times forward + backward (stretched by the emulated slowdown: rank 1 sleeps through its extra
+time, or computes with ``--slowdown-mode busy``), and combines gradients with
 ``weighted_gradient_allreduce``. The global batch is large (1024) so that a step's compute
 (about 0.1-0.3 s) dwarfs what it does not count: the allreduce and optimiser step (about 5 ms)
 and a fixed cost per forward/backward (about 1.5 ms), which at small batches (128) made step
@@ -74,9 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", default=None, help="world sizes to run, e.g. '2,4' (default 2,4)")
     p.add_argument("--factor", type=float, default=3.0, help="slowdown of rank 1")
     p.add_argument(
-        "--slowdown-mode", default="busy", choices=("busy", "sleep"),
-        help="rank 1 computes through its extra time (busy, as a slower node would) or sleeps "
-        "(which frees its core for rank 0 on a shared host)",
+        "--slowdown-mode", default="sleep", choices=("sleep", "busy"),
+        help="rank 1 sleeps through its extra time (frees its core) or computes (busy, as a "
+        "slower node would; with 4 ranks on 2 cores it takes time from the others)",
     )
     p.add_argument("--epochs", type=int, default=None, help="epochs of runs 1 and 2 (default 3)")
     p.add_argument("--samples", type=int, default=None, help="MNIST-1D samples (80%% train)")
@@ -226,8 +226,11 @@ def phase_figures(
 
 
 def brief(d: dict[str, Any]) -> list[Any]:
-    """A decision as ``[step, new sizes, applied, reason]``."""
-    return [d["step"], d["new_sizes"], d["applied"], d["reason"]]
+    """A decision as ``[step, new sizes, applied, reason, per-rank step times (ms),
+    elasticities]``."""
+    return [d["step"], d["new_sizes"], d["applied"], d["reason"],
+            [round(1e3 * t, 1) for t in d["times"]],
+            [round(e, 2) for e in d.get("elasticities", ())]]
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -57,3 +57,13 @@ def test_adjustment_dict_round_trip() -> None:
     d = rec.as_dict()
     assert d["new_sizes"] == [96, 32] and isinstance(d["times"], list)
     assert Adjustment.from_dict(d) == rec
+
+
+def test_adjustment_records_the_elasticities_it_assumed() -> None:
+    # Rank 1's time moves half as fast as its batch: the proposal moves it further.
+    plain = decide(3, [64, 64], [1e-3, 1.2e-3], global_batch=128)
+    rec = decide(3, [64, 64], [1e-3, 1.2e-3], global_batch=128, elasticity=[1.0, 0.5])
+    assert plain.elasticities == () and rec.elasticities == (1.0, 0.5)
+    assert rec.new_sizes[1] < plain.new_sizes[1] < 64
+    d = rec.as_dict()
+    assert d["elasticities"] == [1.0, 0.5] and Adjustment.from_dict(d) == rec

@@ -57,9 +57,10 @@ class BatchController:
             sizes) and is adopted whatever its change; then every ``interval`` steps.
         slowdown: emulated heterogeneity applied in :meth:`timer_stop`: a
             :class:`SlowdownSchedule`, its ``"rank:factor@step"`` spec, or None.
-        slowdown_mode: how a slowed rank spends its extra time: ``"busy"`` computing, its core
-            occupied as a slower processor's would be, or ``"sleep"``, which frees the core
-            (see :func:`~hethpc.batching.stretch`).
+        slowdown_mode: how a slowed rank spends its extra time: ``"sleep"`` (frees its core)
+            or ``"busy"`` computing, its core occupied as a slower processor's would be (see
+            :func:`~hethpc.batching.stretch`; with more ranks than cores a busy rank takes
+            time from the others).
         device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
         group: the data-parallel ranks sharing the global batch (default: the world).
 
@@ -85,7 +86,7 @@ class BatchController:
         b_max: Bound = None,
         probe_steps: int = 0,
         slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
-        slowdown_mode: str = "busy",
+        slowdown_mode: str = "sleep",
         device: torch.device | str | None = None,
         group: comm.Group | None = None,
     ) -> None:

@@ -34,6 +34,8 @@ class Adjustment:
         bands: per-rank noise bands: ``z`` times the relative standard error of the proposed
             size; a rank's move, less one sample of rounding, must exceed it (empty: no noise
             figures were given).
+        elasticities: per-rank ``d log(step time) / d log(batch)`` the proposal assumed (empty:
+            all 1, time proportional to the batch).
     """
 
     step: int
@@ -45,11 +47,12 @@ class Adjustment:
     applied: bool
     reason: str
     bands: tuple[float, ...] = ()
+    elasticities: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict (lists, floats) for JSON metrics and checkpoints."""
         d = asdict(self)
-        for k in ("times", "throughputs", "old_sizes", "new_sizes", "bands"):
+        for k in ("times", "throughputs", "old_sizes", "new_sizes", "bands", "elasticities"):
             d[k] = list(d[k])
         return d
 
@@ -66,6 +69,7 @@ class Adjustment:
             applied=bool(d["applied"]),
             reason=str(d["reason"]),
             bands=tuple(float(v) for v in d.get("bands", ())),
+            elasticities=tuple(float(v) for v in d.get("elasticities", ())),
         )
 
 
@@ -169,7 +173,8 @@ def decide(
     else:
         applied, reason = False, "dead-band"
     throughputs = tuple(b / t for b, t in zip(old, times, strict=True))
-    return Adjustment(step, times, throughputs, old, new, change, applied, reason, bands)
+    used = () if elasticity is None else tuple(float(v) for v in np.asarray(elasticity).ravel())
+    return Adjustment(step, times, throughputs, old, new, change, applied, reason, bands, used)
 
 
 def _targets(

@@ -112,16 +112,17 @@ class SlowdownSchedule:
 STRETCH_MODES = ("busy", "sleep")
 
 
-def stretch(elapsed_s: float, factor: float, *, mode: str = "busy") -> None:
+def stretch(elapsed_s: float, factor: float, *, mode: str = "sleep") -> None:
     """Make a computation of ``elapsed_s`` seconds take ``factor`` times as long.
 
     Args:
         elapsed_s: the computation's seconds so far.
         factor: the slowdown (1 or less: return at once).
-        mode: ``"busy"`` keeps computing (small CPU matrix products) for the extra
-            ``(factor - 1) * elapsed_s`` seconds, as a slower processor would stay busy;
-            ``"sleep"`` sleeps instead, which frees the core: on a host shared by several ranks
-            the others may compute faster while this one waits.
+        mode: ``"sleep"`` sleeps for the extra ``(factor - 1) * elapsed_s`` seconds, which
+            frees the core (on a host shared by several ranks the others may compute faster
+            while this one waits); ``"busy"`` keeps computing (small CPU matrix products), as
+            a slower processor would stay busy, which with more ranks than cores takes time
+            from the others.
 
     Raises:
         SlowdownError: ``mode`` is not one of :data:`STRETCH_MODES`.

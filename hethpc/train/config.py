@@ -78,10 +78,11 @@ class TrainConfig:
     b_min: int = _f(1, "dynamic batching: smallest batch of a rank")
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
     slowdown_mode: str = _f(
-        "busy",
-        "how an emulated slow rank spends its extra time: computing (busy, as a slower node "
-        "would) or asleep (sleep: frees its core for the other ranks on a shared host)",
-        choices=("busy", "sleep"),
+        "sleep",
+        "how an emulated slow rank spends its extra time: asleep (sleep: frees its core) or "
+        "computing (busy: as a slower node would; with more ranks than cores it takes time "
+        "from the others)",
+        choices=("sleep", "busy"),
     )
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
