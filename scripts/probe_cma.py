@@ -56,6 +56,8 @@ def cma_works() -> tuple[bool, str]:
     finally:
         os.write(done_w, b"1")
         os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(done_w)
     if n != len(_MARK) or dst.raw != _MARK:
         return False, f"process_vm_readv returned {n} ({os.strerror(err) if n < 0 else 'short'})"
     return True, ""

@@ -110,6 +110,8 @@ class SlowdownSchedule:
 
 
 STRETCH_MODES = ("busy", "sleep")
+# Side of the busy loop's matrices: one product takes tens of microseconds on one core.
+_BUSY_SIDE = 128
 
 
 def stretch(elapsed_s: float, factor: float, *, mode: str = "sleep") -> None:
@@ -139,7 +141,3 @@ def stretch(elapsed_s: float, factor: float, *, mode: str = "sleep") -> None:
     a = torch.ones(_BUSY_SIDE, _BUSY_SIDE)
     while time.perf_counter() < deadline:
         torch.mm(a, a)  # tens of microseconds each: the deadline is met that closely
-
-
-# Side of the busy loop's matrices: one product takes tens of microseconds on one core.
-_BUSY_SIDE = 128
