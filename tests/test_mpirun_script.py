@@ -27,10 +27,14 @@ def _probe() -> tuple[bool, str]:
     return module.cma_works()  # type: ignore[no-any-return]
 
 
-def _launch(np_: int, script: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _launch(
+    np_: int, script: str, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c script args`` on ``np_`` ranks by mpirun.sh, with ``VAR`` unset unless
+    ``env`` sets it."""
     base = {k: v for k, v in os.environ.items() if k != VAR}
     return subprocess.run(
-        [str(MPIRUN), "-np", str(np_), sys.executable, "-c", script],
+        [str(MPIRUN), "-np", str(np_), sys.executable, "-c", script, *args],
         check=False,
         capture_output=True,
         text=True,
@@ -71,12 +75,7 @@ else:
 
 def _arrival(tmp_path: Path, mechanism: str, wait_s: float) -> str:
     flag = tmp_path / f"arrived-{mechanism}"
-    proc = subprocess.run(
-        [str(MPIRUN), "-np", "2", sys.executable, "-c", ARRIVES_WHILE_SENDER_SLEEPS,
-         str(flag), str(wait_s)],
-        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={**os.environ, VAR: mechanism, "HETHPC_MPIRUN_TIMEOUT": "100"},
-    )
+    proc = _launch(2, ARRIVES_WHILE_SENDER_SLEEPS, str(flag), str(wait_s), **{VAR: mechanism})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 
@@ -96,6 +95,7 @@ def test_failed_probe_falls_back_to_two_copies() -> None:
 
 def test_user_setting_wins() -> None:
     proc = _launch(1, PRINT_MECHANISM, **{VAR: "none", "PYTHON": "true"})
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "none", proc.stderr
 
 
