@@ -23,19 +23,26 @@ time far from proportional to the batch.
 Definitions: a rank's *throughput* is its samples over its compute seconds (all of them, slow
 spells included, as the epoch times include them) in epochs 2..; the *ideal* epoch time is the
 epoch's samples over the sum of the ranks' throughputs, each rank taken at the higher of its
-throughputs in runs 1 and 2. A decision is *balanced* when the ranks' smoothed step times
-differ by at most ``--balance-tol`` (max/min - 1). ``adjustments_to_balance``: adopted
-adjustments before the first balanced decision of run 2. ``intervals_to_rebalance``: for each
-change in run 3, decisions after the change before the first balanced one (the largest over
-the changes). ``steady_adjustments``: adopted adjustments after balance, before the next
-change, summed over runs 2 and 3. ``dynamic_epoch_s`` and ``uniform_epoch_s``: means over
-epochs 2.. (epoch 1 holds the transient from uniform sizes, reported as
-``dynamic_first_epoch_s``). ``ideal_same_run_epoch_s``: the ideal at the dynamic run's own
-measured throughputs; ``dynamic_slowest_compute_epoch_s``: per epoch, the sum over steps of the
-slowest rank's compute (``dynamic_mean_compute_epoch_s``: of the ranks' mean), so that the
-dynamic epoch splits into the ideal, the loss to imbalance and per-step noise, and the time
-outside compute. ``timing_noise``: per rank, the standard deviation of the log
-compute time per step in run 1 (what the controller has to see through).
+throughputs in runs 1 and 2. Sizes are *balanced* when the step times they predict differ by
+at most ``--balance-tol`` (max/min - 1), each rank's time taken as its size times its
+per-sample compute time over the whole phase (run 2; each of run 3's three phases): the sizes
+are judged, in hindsight, against the best measure of the speeds, not against the 20 steps a
+decision sees, over which this host's speed alone wanders by up to 10 % (``timing_drift``).
+``adjustments_to_balance``: adopted adjustments before the sizes of run 2 were balanced.
+``intervals_to_rebalance``: for each change in run 3, decisions after the change before the
+sizes were balanced at the new speeds (the largest over the changes).
+``steady_adjustments``: adopted adjustments after balance, before the next change, summed over
+runs 2 and 3. The same figures judged by each decision's own estimates (balanced: the smoothed
+step times it gathered within the tolerance) are reported as ``*_by_estimate``.
+``dynamic_epoch_s`` and ``uniform_epoch_s``: means over epochs 2.. (epoch 1 holds the transient
+from uniform sizes, reported as ``dynamic_first_epoch_s``). ``dynamic_over_ideal_parts``
+splits dynamic over ideal into factors whose product it is: ``speed`` (the ranks' mean compute
+over the ideal: slower than at their best), ``imbalance`` (the busiest rank's total compute over
+the mean: what the sizes cost), ``step_noise`` (the sum over steps of the slowest rank's
+compute over the busiest rank's total: each step waits for the slower of two noisy ranks) and
+``outside_compute`` (the allreduce, optimiser and waiting). ``timing_noise``: per rank, the
+standard deviation of the log compute time per step in run 1; ``timing_drift``: of the log
+mean per-sample time over blocks of ``--interval`` steps in run 1 (fixed sizes).
 
 The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
 under ``"np4"``.
@@ -62,6 +69,8 @@ sys.path.insert(0, str(ROOT))
 
 from hethpc import comm  # noqa: E402
 from hethpc.batching import BatchController, weighted_gradient_allreduce  # noqa: E402
+from hethpc.batching.decision import Adjustment  # noqa: E402
+from hethpc.batching.simulate import PhaseFigures, SimResult  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import cnn1d  # noqa: E402
 
@@ -74,7 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", default=None, help="world sizes to run, e.g. '2,4' (default 2,4)")
     p.add_argument("--factor", type=float, default=3.0, help="slowdown of rank 1")
     p.add_argument(
-        "--slowdown-mode", default="sleep", choices=("sleep", "busy"),
+        "--slowdown-mode",
+        default="sleep",
+        choices=("sleep", "busy"),
         help="rank 1 sleeps through its extra time (frees its core) or computes (busy, as a "
         "slower node would; with 4 ranks on 2 cores it takes time from the others)",
     )
@@ -138,7 +149,10 @@ class Run:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         self.loss_fn = nn.CrossEntropyLoss()
         self.ctl = BatchController(
-            args.batch, mode=mode, interval=args.interval, slowdown=slowdown,
+            args.batch,
+            mode=mode,
+            interval=args.interval,
+            slowdown=slowdown,
             slowdown_mode=args.slowdown_mode,
         )
         self.per_epoch = len(train_set) // args.batch
@@ -216,8 +230,8 @@ def balanced(rec: dict[str, Any], tol: float) -> bool:
 def phase_figures(
     decisions: list[dict[str, Any]], start: int, end: int, tol: float
 ) -> tuple[int | None, int]:
-    """For decisions in [start, end): decisions before the first balanced one, and the
-    adjustments adopted after it."""
+    """By the estimates: for decisions in [start, end), decisions before the first balanced
+    one, and the adjustments adopted after it."""
     ds = [d for d in decisions if start <= d["step"] < end]
     first = next((i for i, d in enumerate(ds) if balanced(d, tol)), None)
     if first is None:
@@ -225,12 +239,69 @@ def phase_figures(
     return first, sum(1 for d in ds[first + 1 :] if d["applied"])
 
 
+def judged(run: dict[str, Any], bounds: list[int]) -> SimResult:
+    """The run's sizes judged in hindsight: each step's time taken as its size times the rank's
+    per-sample time over the whole phase (``bounds``: the steps where the slowdown changes, and
+    the end), the best knowledge of the speeds a rank had there. A decision's estimate covers
+    20 steps, over which this host's speed alone wanders by up to 10 %; the phase's mean covers
+    them all. The figures then come from :meth:`SimResult.phase`, as in the simulator."""
+    sizes = np.array([[b for _, b, _ in log] for log in run["logs"]], dtype=np.int64).T
+    secs = np.array([[t for _, _, t in log] for log in run["logs"]]).T
+    true = np.empty_like(secs)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        true[a:b] = sizes[a:b] * (secs[a:b].sum(axis=0) / sizes[a:b].sum(axis=0))
+    return SimResult(sizes, true, secs, [Adjustment.from_dict(d) for d in run["decisions"]])
+
+
+def to_balance(f: PhaseFigures) -> int | None:
+    """Adjustments adopted before the sizes were balanced (None: never in the phase)."""
+    return None if f.balanced_at is None else f.adjustments_to_balance
+
+
+def loss_parts(
+    epoch_s: float, ideal_s: float, per_step: np.ndarray
+) -> tuple[dict[str, float], tuple[float, float, float]]:
+    """Split ``epoch_s / ideal_s`` into factors: ``1 + part`` each, their product the ratio.
+
+    Args:
+        epoch_s: the measured epoch time.
+        ideal_s: the ideal epoch time.
+        per_step: ``[ranks, steps]`` compute seconds of one epoch's worth of steps.
+
+    Returns:
+        The parts (``speed``, ``imbalance``, ``step_noise``, ``outside_compute``; see the
+        module's docstring), and the slowest-rank, busiest-rank and mean-rank compute sums.
+    """
+    slowest = float(per_step.max(axis=0).sum())
+    busiest = float(per_step.sum(axis=1).max())
+    mean_rank = float(per_step.sum(axis=1).mean())
+    parts = {
+        "speed": mean_rank / ideal_s - 1,
+        "imbalance": busiest / mean_rank - 1,
+        "step_noise": slowest / busiest - 1,
+        "outside_compute": epoch_s / slowest - 1,
+    }
+    return parts, (slowest, busiest, mean_rank)
+
+
+def block_drift(log: list[tuple[int, int, float]], block: int) -> float:
+    """Standard deviation of the log mean per-sample time over blocks of ``block`` steps."""
+    per = np.log([t / b for _, b, t in log])
+    means = [per[i : i + block].mean() for i in range(0, len(per) - block + 1, block)]
+    return float(np.std(means)) if len(means) > 1 else 0.0
+
+
 def brief(d: dict[str, Any]) -> list[Any]:
     """A decision as ``[step, new sizes, applied, reason, per-rank step times (ms),
     elasticities]``."""
-    return [d["step"], d["new_sizes"], d["applied"], d["reason"],
-            [round(1e3 * t, 1) for t in d["times"]],
-            [round(e, 2) for e in d.get("elasticities", ())]]
+    return [
+        d["step"],
+        d["new_sizes"],
+        d["applied"],
+        d["reason"],
+        [round(1e3 * t, 1) for t in d["times"]],
+        [round(e, 2) for e in d.get("elasticities", ())],
+    ]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -278,24 +349,30 @@ def worker(args: argparse.Namespace) -> None:
     ideal_same = spe * args.batch / sum(X_dyn)
     per_step = np.array([[t for _, _, t in log[skip:]] for log in dyn["logs"]])
     dyn_epochs = max(1, per_step.shape[1] / spe)
-    slowest = float(per_step.max(axis=0).sum()) / dyn_epochs
-    mean_rank = float(per_step.mean(axis=0).sum()) / dyn_epochs
     uniform_epoch = statistics.mean(uni["epoch_s"][e0:])
     dynamic_epoch = statistics.mean(dyn["epoch_s"][e0:])
     tol = args.balance_tol
 
-    to_balance, steady2 = phase_figures(dyn["decisions"], 0, 10**9, tol)
-    applied_before = None
-    if to_balance is not None:
-        applied_before = sum(1 for d in dyn["decisions"][:to_balance] if d["applied"])
-    rebalance: list[int | None] = []
-    steady3 = 0
+    # Balance judged in hindsight (the sizes at each phase's mean speeds), the goals' figures.
+    n_dyn = len(dyn["logs"][0])
+    f2 = judged(dyn, [0, n_dyn]).phase(0, n_dyn, tol)
     bounds = [0, S, 2 * S, 3 * S]
+    r3 = judged(chg, bounds)
+    f3 = [r3.phase(bounds[i], bounds[i + 1], tol) for i in range(3)]
+    rebalance = [f.intervals_to_balance for f in f3[1:]]
+    # The same by each decision's own estimates (20 steps or more at the sizes in force).
+    first_est, steady2_est = phase_figures(dyn["decisions"], 0, 10**9, tol)
+    applied_before = None
+    if first_est is not None:
+        applied_before = sum(1 for d in dyn["decisions"][:first_est] if d["applied"])
+    rebalance_est: list[int | None] = []
+    steady3_est = 0
     for i in range(3):
         first, steady = phase_figures(chg["decisions"], bounds[i], bounds[i + 1], tol)
-        steady3 += steady
+        steady3_est += steady
         if i > 0:
-            rebalance.append(first)
+            rebalance_est.append(first)
+    parts, (slowest, busiest, mean_rank) = loss_parts(dynamic_epoch, ideal, per_step / dyn_epochs)
     acc_u, acc_d = uni["accuracy"][-1], dyn["accuracy"][-1]
     out = {
         "ranks": n,
@@ -314,14 +391,23 @@ def worker(args: argparse.Namespace) -> None:
         "ideal_same_run_epoch_s": round(ideal_same, 3),
         "dynamic_over_ideal_same_run": round(dynamic_epoch / ideal_same, 3),
         "dynamic_slowest_compute_epoch_s": round(slowest, 3),
+        "dynamic_busiest_rank_compute_epoch_s": round(busiest, 3),
         "dynamic_mean_compute_epoch_s": round(mean_rank, 3),
-        "adjustments_to_balance": applied_before,
+        # dynamic / ideal = the product of (1 + each part), exactly.
+        "dynamic_over_ideal_parts": {k: round(v, 4) for k, v in parts.items()},
+        "adjustments_to_balance": to_balance(f2),
         "intervals_to_rebalance": None if None in rebalance else max(rebalance),  # type: ignore[type-var]
         "intervals_to_rebalance_per_change": rebalance,
-        "steady_adjustments": steady2 + steady3,
+        "steady_adjustments": f2.steady_adjustments + sum(f.steady_adjustments for f in f3),
+        "final_imbalance": round(f2.final_imbalance, 4),
+        "phase_final_imbalance": [round(f.final_imbalance, 4) for f in f3],
+        "adjustments_to_balance_by_estimate": applied_before,
+        "intervals_to_rebalance_by_estimate": rebalance_est,
+        "steady_adjustments_by_estimate": steady2_est + steady3_est,
         "throughputs": [round(x, 1) for x in X],
         "dynamic_throughputs": [round(x, 1) for x in X_dyn],
         "timing_noise": [round(v, 3) for v in noise],
+        "timing_drift": [round(block_drift(log[skip:], args.interval), 3) for log in uni["logs"]],
         "final_sizes": dyn["decisions"][-1]["new_sizes"] if dyn["decisions"] else None,
         "epochs": args.epochs,
         "uniform_accuracy": round(acc_u, 4),
@@ -393,6 +479,8 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             f"(ideal {r['ideal_speedup']}x); adjustments to balance "
             f"{r['adjustments_to_balance']}, intervals to rebalance "
             f"{r['intervals_to_rebalance']}, steady adjustments {r['steady_adjustments']}; "
+            f"dynamic over ideal {r['dynamic_over_ideal']} = product of 1 + "
+            f"{r['dynamic_over_ideal_parts']}; "
             f"accuracy {100 * r['uniform_accuracy']:.1f}% vs {100 * r['dynamic_accuracy']:.1f}%",
             flush=True,
         )
