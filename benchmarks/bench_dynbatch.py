@@ -44,8 +44,16 @@ compute over the busiest rank's total: each step waits for the slower of two noi
 standard deviation of the log compute time per step in run 1; ``timing_drift``: of the log
 mean per-sample time over blocks of ``--interval`` steps in run 1 (fixed sizes).
 
+With ``--paced S`` each step's compute is paced to S seconds per sample: after the real forward
+and backward the rank sleeps until then (and a slowed rank then stretches that). The timings are
+then the emulated speeds alone and the host's noise is hidden under them, so the figures show
+the control loop (real ranks, allgathers, decisions, Horovod allreduce, real training) apart
+from the host; ``late_steps`` counts steps whose real compute overran the pace. Unless
+``--quick``, a paced 2-rank run (``--paced-run``, cnn1d(64) at 0.15 ms per sample) follows the
+others and is reported under ``"paced"``.
+
 The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
-under ``"np4"``.
+under ``"np4"``, the paced ones under ``"paced"``.
 """
 
 from __future__ import annotations
@@ -94,6 +102,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--phase-steps", type=int, default=None, help="S: steps per phase of run 3")
     p.add_argument("--batch", type=int, default=1024, help="global batch B")
     p.add_argument("--channels", type=int, default=192, help="CNN channels (compute per sample)")
+    p.add_argument(
+        "--paced-run",
+        type=float,
+        default=1.5e-4,
+        metavar="S",
+        help="after the runs, one more on 2 ranks with --paced S and cnn1d(64), reported under "
+        "'paced' (0 or --quick: skip)",
+    )
+    p.add_argument(
+        "--paced",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="pace each step's compute to S seconds per sample (sleep after the real forward and "
+        "backward until then, before the slowdown stretch): the timings are then the emulated "
+        "speeds alone, the host's noise hidden under them, which shows the control loop apart "
+        "from the host (pick S above the real per-sample time: see late_steps; 0: off)",
+    )
     p.add_argument("--interval", type=int, default=20, help="steps between control decisions")
     p.add_argument("--balance-tol", type=float, default=0.10, help="balanced: max/min - 1 <= tol")
     p.add_argument("--seed", type=int, default=0, help="model init and shuffling seed")
@@ -160,6 +186,7 @@ class Run:
         self.epoch_s: list[float] = []
         self.accuracy: list[float] = []
         self.log: list[tuple[int, int, float]] = []  # (step, batch, compute_s) of this rank
+        self.late = 0  # paced steps whose real compute overran the pace
         self._perm = np.empty(0, dtype=np.int64)
 
     def _one_step(self) -> None:
@@ -178,6 +205,8 @@ class Run:
         loss = self.loss_fn(self.model(x), y)
         self.opt.zero_grad()
         loss.backward()
+        if self.args.paced and not pace(t0, b * self.args.paced):
+            self.late += 1
         compute_s = self.ctl.timer_stop(t0)
         weighted_gradient_allreduce(self.model.parameters(), weight=b / B)
         self.opt.step()
@@ -212,7 +241,18 @@ class Run:
             "logs": comm.allgather_object(self.log),
             "decisions": [a.as_dict() for a in self.ctl.adjustments],
             "steps_per_epoch": self.per_epoch,
+            "late": sum(comm.allgather_object(self.late)),
         }
+
+
+def pace(t0: float, seconds: float) -> bool:
+    """Sleep until ``seconds`` after ``t0`` (a ``time.perf_counter()`` reading); False when
+    that moment had already passed."""
+    left = t0 + seconds - time.perf_counter()
+    if left <= 0:
+        return False
+    time.sleep(left)
+    return True
 
 
 def throughput(log: list[tuple[int, int, float]]) -> float:
@@ -304,6 +344,9 @@ def brief(d: dict[str, Any]) -> list[Any]:
     ]
 
 
+_PACED_CHANNELS = 64  # about 40 us per sample here: well under the 150 us pace
+
+
 def worker(args: argparse.Namespace) -> None:
     comm.abort_on_exception()
     comm.init()
@@ -313,7 +356,11 @@ def worker(args: argparse.Namespace) -> None:
         load_mnist1d(num_samples=args.samples, cache_dir=args.cache_dir)
     comm.barrier()
     train_set, test_set = load_mnist1d(num_samples=args.samples, cache_dir=args.cache_dir)
-    say(f"{n} ranks, rank 1 slowed {F:g}x, global batch {args.batch}, cnn1d({args.channels})")
+    paced = f", compute paced to {1e3 * args.paced:g} ms/sample" if args.paced else ""
+    say(
+        f"{n} ranks, rank 1 slowed {F:g}x, global batch {args.batch}, cnn1d({args.channels})"
+        + paced
+    )
 
     # Runs 1 and 2 alternate epoch by epoch (U D, D U, U D, ...) so that both see the same
     # machine: on a shared host the speed drifts by tens of percent over minutes.
@@ -410,6 +457,8 @@ def worker(args: argparse.Namespace) -> None:
         "timing_drift": [round(block_drift(log[skip:], args.interval), 3) for log in uni["logs"]],
         "final_sizes": dyn["decisions"][-1]["new_sizes"] if dyn["decisions"] else None,
         "epochs": args.epochs,
+        "paced_s_per_sample": args.paced,
+        "late_steps": uni["late"] + dyn["late"] + chg["late"],
         "uniform_accuracy": round(acc_u, 4),
         "dynamic_accuracy": round(acc_d, 4),
         "accuracy_gap_points": round(100 * abs(acc_u - acc_d), 2),
@@ -448,46 +497,55 @@ def plot(path: str, run: dict[str, Any], S: int, n: int) -> None:
 # ---- launcher: runs mpirun for each world size ------------------------------------------------
 
 
+def launch_one(n: int, argv: list[str], label: str) -> dict[str, Any] | None:
+    """One ``n``-rank run of the worker; its JSON result (None: it failed, said on stderr)."""
+    cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", str(n), sys.executable, __file__]
+    cmd += ["--worker", *argv]
+    print(f"bench_dynbatch: {label}: mpirun -np {n} ...", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines = proc.stdout.strip().splitlines()
+    for line in lines[:-1]:
+        print(line, flush=True)
+    if proc.returncode != 0 or not lines:
+        print(f"bench_dynbatch: {label} run failed (exit {proc.returncode})", file=sys.stderr)
+        return None
+    r: dict[str, Any] = json.loads(lines[-1])
+    print(
+        f"  => {label}: uniform {r['uniform_epoch_s']} s/epoch, dynamic "
+        f"{r['dynamic_epoch_s']} s, ideal {r['ideal_epoch_s']} s; speedup {r['speedup']}x "
+        f"(ideal {r['ideal_speedup']}x); adjustments to balance "
+        f"{r['adjustments_to_balance']}, intervals to rebalance "
+        f"{r['intervals_to_rebalance']}, steady adjustments {r['steady_adjustments']}; "
+        f"dynamic over ideal {r['dynamic_over_ideal']} = product of 1 + "
+        f"{r['dynamic_over_ideal_parts']}; "
+        f"accuracy {100 * r['uniform_accuracy']:.1f}% vs {100 * r['dynamic_accuracy']:.1f}%",
+        flush=True,
+    )
+    return r
+
+
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     results: dict[int, dict[str, Any]] = {}
     for n in [int(v) for v in args.ranks.split(",")]:
-        cmd = [
-            str(ROOT / "scripts" / "mpirun.sh"),
-            "-np",
-            str(n),
-            sys.executable,
-            __file__,
-            "--worker",
-            *argv,
-        ]
+        extra = []
         if n != 2 and args.plot:
-            cmd += ["--plot", str(Path(args.plot).with_suffix(f".np{n}.png"))]
-        print(f"bench_dynbatch: {' '.join(cmd[1:3])} ...", flush=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        lines = proc.stdout.strip().splitlines()
-        for line in lines[:-1]:
-            print(line, flush=True)
-        if proc.returncode != 0 or not lines:
-            print(f"bench_dynbatch: {n}-rank run failed (exit {proc.returncode})", file=sys.stderr)
-            return proc.returncode or 1
-        results[n] = json.loads(lines[-1])
-        r = results[n]
-        print(
-            f"  => {n} ranks: uniform {r['uniform_epoch_s']} s/epoch, dynamic "
-            f"{r['dynamic_epoch_s']} s, ideal {r['ideal_epoch_s']} s; speedup {r['speedup']}x "
-            f"(ideal {r['ideal_speedup']}x); adjustments to balance "
-            f"{r['adjustments_to_balance']}, intervals to rebalance "
-            f"{r['intervals_to_rebalance']}, steady adjustments {r['steady_adjustments']}; "
-            f"dynamic over ideal {r['dynamic_over_ideal']} = product of 1 + "
-            f"{r['dynamic_over_ideal_parts']}; "
-            f"accuracy {100 * r['uniform_accuracy']:.1f}% vs {100 * r['dynamic_accuracy']:.1f}%",
-            flush=True,
-        )
+            extra = ["--plot", str(Path(args.plot).with_suffix(f".np{n}.png"))]
+        r = launch_one(n, argv + extra, f"{n} ranks")
+        if r is None:
+            return 1
+        results[n] = r
     top = dict(results.get(2) or next(iter(results.values())))
     for n, r in results.items():
         if n != top["ranks"]:
             top[f"np{n}"] = {k: v for k, v in r.items() if not k.startswith("decisions")}
+    if args.paced_run and not args.paced and not args.quick:
+        # The same on 2 ranks with the compute paced: the control loop apart from the host.
+        paced = ["--paced", str(args.paced_run), "--channels", str(_PACED_CHANNELS)]
+        r = launch_one(2, argv + paced, "2 ranks, paced")
+        if r is None:
+            return 1
+        top["paced"] = {k: v for k, v in r.items() if not k.startswith("decisions")}
     print(json.dumps(top), flush=True)
     return 0
 

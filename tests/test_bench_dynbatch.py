@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,12 @@ def test_block_drift_sees_slow_wander_not_step_noise() -> None:
     wander = [(s, 100, 0.01 * (1.1 if (s // 20) % 2 else 1 / 1.1)) for s in range(80)]
     assert bench.block_drift(wander, 20) == pytest.approx(math.log(1.1))
     assert bench.block_drift(wander[:30], 20) == 0.0  # one block: nothing to compare
+
+
+def test_pace_sleeps_to_the_deadline_and_reports_an_overrun() -> None:
+    t0 = time.perf_counter()
+    assert bench.pace(t0, 0.05)
+    assert time.perf_counter() - t0 >= 0.05
+    late = time.perf_counter() - 0.01
+    assert not bench.pace(late, 0.005)  # already past: no sleep
+    assert time.perf_counter() - late < 0.05
