@@ -49,8 +49,8 @@ and backward the rank sleeps until then (and a slowed rank then stretches that).
 then the emulated speeds alone and the host's noise is hidden under them, so the figures show
 the control loop (real ranks, allgathers, decisions, Horovod allreduce, real training) apart
 from the host; ``late_steps`` counts steps whose real compute overran the pace. Unless
-``--quick``, a paced 2-rank run (``--paced-run``, cnn1d(64) at 0.15 ms per sample) follows the
-others and is reported under ``"paced"``.
+``--quick``, paced runs (``--paced-run``, cnn1d(64) at 0.15 ms per sample) follow the others at
+the same world sizes, reported under ``"paced"`` (2 ranks) and ``"paced_np4"``.
 
 The last stdout line is one JSON object: the 2-rank figures at the top level, the 4-rank ones
 under ``"np4"``, the paced ones under ``"paced"``.
@@ -107,8 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=1.5e-4,
         metavar="S",
-        help="after the runs, one more on 2 ranks with --paced S and cnn1d(64), reported under "
-        "'paced' (0 or --quick: skip)",
+        help="after the runs, the same world sizes again with --paced S and cnn1d(64), reported "
+        "under 'paced' (2 ranks) and 'paced_npN' (0 or --quick: skip)",
     )
     p.add_argument(
         "--paced",
@@ -540,12 +540,14 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         if n != top["ranks"]:
             top[f"np{n}"] = {k: v for k, v in r.items() if not k.startswith("decisions")}
     if args.paced_run and not args.paced and not args.quick:
-        # The same on 2 ranks with the compute paced: the control loop apart from the host.
+        # The same with the compute paced: the control loop apart from the host.
         paced = ["--paced", str(args.paced_run), "--channels", str(_PACED_CHANNELS)]
-        r = launch_one(2, argv + paced, "2 ranks, paced")
-        if r is None:
-            return 1
-        top["paced"] = {k: v for k, v in r.items() if not k.startswith("decisions")}
+        for n in results:
+            r = launch_one(n, argv + paced, f"{n} ranks, paced")
+            if r is None:
+                return 1
+            key = "paced" if n == 2 else f"paced_np{n}"
+            top[key] = {k: v for k, v in r.items() if not k.startswith("decisions")}
     print(json.dumps(top), flush=True)
     return 0
 

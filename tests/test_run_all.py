@@ -1,0 +1,28 @@
+"""benchmarks/run_all.py's results table: nested results get their own rows and goals."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import run_all  # noqa: E402
+
+
+def test_long_nested_results_become_rows_short_ones_stay_inline() -> None:
+    paced = {"speedup": 1.9, "notes": "x" * 200}
+    data = {"speedup": 1.5, "parts": {"a": 0.1}, "paced": paced}
+    rows = dict(run_all._rows(data))
+    assert rows["speedup"] == 1.5 and rows["parts"] == {"a": 0.1}
+    assert rows["paced.speedup"] == 1.9 and "paced" not in rows
+
+
+def test_the_paced_dynamic_batching_run_is_held_to_the_same_goals() -> None:
+    data = {"speedup": 1.5, "paced": {"speedup": 1.9, "steady_adjustments": 2, "pad": "x" * 200}}
+    table = run_all.render({"bench_dynbatch": (data, 1.0, "")}, {"bench_dynbatch": "now"})
+    rows = [line for line in table.splitlines() if line.startswith("| bench")]
+    lines = {line.split(" | ")[1]: line for line in rows}
+    assert lines["speedup"].endswith("| no |")
+    assert lines["paced.speedup"].endswith("| yes |") and "paced" in lines["paced.speedup"]
+    assert lines["paced.steady_adjustments"].endswith("| no |")
