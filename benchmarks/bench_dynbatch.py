@@ -40,9 +40,13 @@ splits dynamic over ideal into factors whose product it is: ``speed`` (the ranks
 over the ideal: slower than at their best), ``imbalance`` (the busiest rank's total compute over
 the mean: what the sizes cost), ``step_noise`` (the sum over steps of the slowest rank's
 compute over the busiest rank's total: each step waits for the slower of two noisy ranks) and
-``outside_compute`` (the allreduce, optimiser and waiting). ``timing_noise``: per rank, the
-standard deviation of the log compute time per step in run 1; ``timing_drift``: of the log
-mean per-sample time over blocks of ``--interval`` steps in run 1 (fixed sizes).
+``outside_compute`` (the allreduce, optimiser and waiting), from the per-epoch sums
+``dynamic_slowest_compute_epoch_s`` (over steps, the slowest rank's compute),
+``dynamic_busiest_rank_compute_epoch_s`` and ``dynamic_mean_compute_epoch_s``;
+``ideal_same_run_epoch_s`` is the ideal at the dynamic run's own throughputs.
+``timing_noise``: per rank, the standard deviation of the log compute time per step in run 1;
+``timing_drift``: of the log mean per-sample time over blocks of ``--interval`` steps in run 1
+(fixed sizes).
 
 With ``--paced S`` each step's compute is paced to S seconds per sample: after the real forward
 and backward the rank sleeps until then (and a slowed rank then stretches that). The timings are
