@@ -3,26 +3,56 @@
     python data_tools/convert.py mnist1d --out data/mnist1d --samples 20000
     python data_tools/convert.py digits --out data/digits
     python data_tools/convert.py npz data.npz --out data/mine
-    python data_tools/convert.py npy x.npy y.npy --out data/mine
+    python data_tools/convert.py npy x.npy y.npy --out data/mine --test-fraction 0.1 --seed 3
     python data_tools/convert.py idx train-images.gz train-labels.gz --out data/mnist
     python data_tools/convert.py cifar cifar-10/data_batch_* --test cifar-10/test_batch --out c10
     python data_tools/convert.py synthetic --out /tmp/synth --samples 100000 --shape 1024
 
-Each split is written to ``OUT/<split>/`` (``manifest.json`` + ``shard-*.h5``). Source files are
-only read. An existing dataset is replaced only with ``--force``.
+Each split is written to ``OUT/<split>/`` (``manifest.json`` + ``shard-*.h5``), so that
+``jobs/train.py --data OUT`` finds both ``OUT/train`` and ``OUT/test``. mnist1d has its own
+80/20 split and cifar takes its test split from ``--test`` files. Every other source (and
+cifar without ``--test``) holds out ``--test-fraction`` of its samples (default 0.2) as
+``test``, chosen by a ``--seed``-ed permutation (default 0: the same files give the same
+split); each split keeps the source's order. ``--test-fraction 0`` writes everything to
+``OUT/train``, and ``--split NAME`` (npz, npy, idx, synthetic) writes everything to
+``OUT/NAME`` only, without a test split.
+
+Source files are only read, and they are not trusted: CIFAR pickles may name only the numpy
+globals a real batch needs, ``.npy``/``.npz`` arrays are read without pickle, and IDX headers
+are checked against the file's length. A source or option at fault ends the run with one line,
+``convert.py: error: <file or option>: <what is wrong>; <what was expected>``, and exit code 2.
+An existing dataset is replaced only with ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
 if TYPE_CHECKING:
     from hethpc.data import Manifest
+
+PROG = "convert.py"
+TEST_FRACTION = 0.2
+
+Split = tuple[str, Iterator[tuple[np.ndarray, np.ndarray]], int | None]
+
+
+class UsageError(ValueError):
+    """An option value no conversion can use; the message starts with the option."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad command line in the one-line form of every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message}; see {self.prog} --help\n")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -38,47 +68,175 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing dataset at OUT")
 
 
+def _holdout(p: argparse.ArgumentParser, *, seed: bool = True, split: bool = True) -> None:
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help=f"fraction held out as OUT/test (default {TEST_FRACTION}; 0: none)")
+    if seed:
+        p.add_argument("--seed", type=int, default=0,
+                       help="seed of the train/test split (default 0)")
+    if split:
+        p.add_argument("--split", default=None,
+                       help="write every sample to OUT/SPLIT only, with no test split")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = _Parser(prog=PROG, description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="source", required=True)
     p = sub.add_parser("mnist1d", help="MNIST-1D generated locally by the mnist1d package")
     p.add_argument("--samples", type=int, default=5000, help="train + test samples (80/20)")
     p.add_argument("--seed", type=int, default=42, help="generator seed")
     _common(p)
     p = sub.add_parser("digits", help="scikit-learn's 8x8 digits (1797 samples)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="held-out fraction")
-    p.add_argument("--seed", type=int, default=0, help="split seed")
+    _holdout(p, split=False)
     _common(p)
     p = sub.add_parser("npz", help="an .npz archive with sample and label arrays")
     p.add_argument("path", help=".npz file")
     p.add_argument("--x-key", default="x", help="array of samples")
     p.add_argument("--y-key", default="y", help="array of labels")
-    p.add_argument("--split", default="train", help="split name")
+    _holdout(p)
     _common(p)
     p = sub.add_parser("npy", help="a pair of .npy files (samples, labels), memory-mapped")
     p.add_argument("x", help="samples .npy")
     p.add_argument("y", help="labels .npy")
-    p.add_argument("--split", default="train", help="split name")
+    _holdout(p)
     _common(p)
     p = sub.add_parser("idx", help="MNIST IDX image and label files, plain or gzipped")
     p.add_argument("images", help="IDX images file")
     p.add_argument("labels", help="IDX labels file")
-    p.add_argument("--split", default="train", help="split name")
+    _holdout(p)
     _common(p)
     p = sub.add_parser("cifar", help="CIFAR-10/100 python pickle batches")
     p.add_argument("batches", nargs="+", help="training batch files")
-    p.add_argument("--test", nargs="*", default=[], help="test batch files")
+    p.add_argument("--test", nargs="*", default=[],
+                   help="test batch files (without them, --test-fraction of the batches)")
+    _holdout(p, split=False)
     _common(p)
     p = sub.add_parser("synthetic", help="seeded synthetic data of any shape and size")
     p.add_argument("--samples", type=int, default=10_000, help="number of samples")
     p.add_argument("--shape", type=int, nargs="+", default=[64], help="sample shape")
     p.add_argument("--classes", type=int, default=10, help="number of classes")
-    p.add_argument("--seed", type=int, default=0, help="generator seed")
-    p.add_argument("--split", default="train", help="split name")
+    p.add_argument("--seed", type=int, default=0, help="generator and train/test split seed")
+    _holdout(p, seed=False)
     _common(p)
     return ap.parse_args(argv)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values no source can use, before anything is read.
+
+    Raises:
+        UsageError: the first bad value, named by its option.
+    """
+    def positive(option: str, value: int | None, what: str) -> None:
+        if value is not None and value < 1:
+            raise UsageError(f"{option} {value}: must be >= 1; pass the number of {what}")
+
+    positive("--shard-samples", args.shard_samples, "samples per shard file")
+    positive("--chunk-samples", args.chunk_samples, "samples per HDF5 chunk")
+    positive("--num-classes", args.num_classes, "classes")
+    if args.source == "mnist1d" and args.samples < 10:
+        raise UsageError(f"--samples {args.samples}: must be >= 10; pass train + test samples")
+    if args.source == "synthetic":
+        positive("--samples", args.samples, "samples")
+        positive("--classes", args.classes, "classes")
+        if min(args.shape) < 1:
+            raise UsageError(f"--shape {' '.join(map(str, args.shape))}: every size must be "
+                             ">= 1; pass the sample shape, e.g. --shape 3 32 32")
+    if getattr(args, "seed", 0) < 0:
+        raise UsageError(f"--seed {args.seed}: must be >= 0; pass a non-negative seed")
+    f = getattr(args, "test_fraction", None)
+    if f is not None and not (math.isfinite(f) and 0 <= f < 1):
+        raise UsageError(f"--test-fraction {f}: must be finite and in [0, 1); pass e.g. 0.2, "
+                         "or 0 for no test split")
+    split = getattr(args, "split", None)
+    if split is not None:
+        if split in ("", ".", "..") or "/" in split or os.sep in split:
+            raise UsageError(f"--split {split!r}: not a directory name; pass e.g. train or val")
+        if f:
+            raise UsageError(f"--split {split}: writes one split, so --test-fraction {f} cannot "
+                             "hold out a test split; pass only one of them")
+    if args.source == "cifar" and args.test and f is not None:
+        raise UsageError(f"--test-fraction {f}: the --test files are the test split already; "
+                         "pass only one of them")
+
+
+def plan_splits(args: argparse.Namespace, num_samples: int) -> list[tuple[str, np.ndarray | None]]:
+    """The splits to write and the sample indices of each (None: every sample, in order).
+
+    ``--split NAME`` or ``--test-fraction 0`` give one split; otherwise train and test, with
+    ``--test-fraction`` (default 0.2) of the samples held out by a ``--seed``-ed permutation.
+
+    Raises:
+        UsageError: the fraction leaves the train or the test split empty.
+    """
+    from hethpc.data import sources
+
+    split = getattr(args, "split", None)
+    f = TEST_FRACTION if args.test_fraction is None else args.test_fraction
+    if split is not None or f == 0:
+        return [(split or "train", None)]
+    train, test = sources.holdout(num_samples, test_fraction=f, seed=args.seed)
+    if not len(train) or not len(test):
+        raise UsageError(f"--test-fraction {f}: of {num_samples} samples leaves {len(train)} to "
+                         f"train and {len(test)} to test; pass a fraction that leaves both some, "
+                         "or 0 for no test split")
+    return [("train", train), ("test", test)]
+
+
+def _array_splits(
+    args: argparse.Namespace, x: np.ndarray, y: np.ndarray, num_classes: int | None
+) -> list[Split]:
+    from hethpc.data import sources
+
+    return [(split, sources.pieces_of(x, y, index=index), num_classes)
+            for split, index in plan_splits(args, len(y))]
+
+
+def source_splits(args: argparse.Namespace) -> list[Split]:
+    """Read (or generate) the source and plan its splits; nothing is written yet.
+
+    Raises:
+        SourceError: a source file is missing a part, malformed or truncated.
+        UsageError: the options do not fit the source.
+        OSError: a source file cannot be read.
+    """
+    from hethpc.data import load_mnist1d, sources
+
+    nc = args.num_classes
+    if args.source == "mnist1d":
+        train, test = load_mnist1d(num_samples=args.samples, seed=args.seed)
+        return [("train", sources.pieces_of(train.x, train.y), nc or 10),
+                ("test", sources.pieces_of(test.x, test.y), nc or 10)]
+    if args.source == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+        return _array_splits(args, x, y, nc or 10)
+    if args.source in ("npz", "npy"):
+        if args.source == "npz":
+            x, y = sources.read_npz(args.path, x_key=args.x_key, y_key=args.y_key)
+        else:
+            x, y = sources.read_npy_pair(args.x, args.y)
+        # From every label, so that train and test agree on the number of classes.
+        return _array_splits(args, x, y, nc or int(y.max()) + 1)
+    if args.source == "idx":
+        x, y = sources.read_idx_pair(args.images, args.labels)
+        return _array_splits(args, x, y, nc or 10)
+    if args.source == "cifar":
+        x, y, classes = sources.read_cifar(args.batches)
+        if not args.test:
+            return _array_splits(args, x, y, nc or classes)
+        xt, yt, _ = sources.read_cifar(args.test)
+        return [("train", sources.pieces_of(x, y), nc or classes),
+                ("test", sources.pieces_of(xt, yt), nc or classes)]
+    assert args.source == "synthetic", args.source  # argparse admits no other
+    n, shape, nc = args.samples, tuple(args.shape), nc or args.classes
+    # Generated only while written; a held-out sample is the one the full stream would hold.
+    return [(split, sources.synthetic_pieces(n, shape, num_classes=args.classes, seed=args.seed,
+                                             index=index), nc)
+            for split, index in plan_splits(args, n)]
 
 
 def _peek(pieces: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[
@@ -125,56 +283,31 @@ def write_split(
     return w.manifest
 
 
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {' '.join(message.splitlines())}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        check_options(args)
+    except UsageError as e:
+        return _fail(str(e))
     # Imported after parsing, so that --help answers without loading torch.
-    from hethpc.data import DatasetError, load_mnist1d, sources
+    from hethpc.data import DatasetError
 
-    nc = args.num_classes
-    splits: list[tuple[str, Iterator[tuple[np.ndarray, np.ndarray]], int | None]] = []
-    if args.source == "mnist1d":
-        train, test = load_mnist1d(num_samples=args.samples, seed=args.seed)
-        splits = [("train", sources.pieces_of(train.x, train.y), nc or 10),
-                  ("test", sources.pieces_of(test.x, test.y), nc or 10)]
-    elif args.source == "digits":
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
-        perm = np.random.default_rng(args.seed).permutation(len(y))
-        k = int(round(len(y) * (1 - args.test_fraction)))
-        splits = [("train", sources.pieces_of(x[perm[:k]], y[perm[:k]]), nc or 10)]
-        if k < len(y):
-            splits.append(("test", sources.pieces_of(x[perm[k:]], y[perm[k:]]), nc or 10))
-    elif args.source == "npz":
-        if nc is None:
-            with np.load(args.path) as f:
-                nc = int(f[args.y_key].max()) + 1 if args.y_key in f.files else None
-        splits = [(args.split, sources.npz_pieces(args.path, x_key=args.x_key,
-                                                  y_key=args.y_key), nc)]
-    elif args.source == "npy":
-        nc = nc or int(np.load(args.y, mmap_mode="r").max()) + 1
-        splits = [(args.split, sources.npy_pieces(args.x, args.y), nc)]
-    elif args.source == "idx":
-        splits = [(args.split, sources.idx_pieces(args.images, args.labels), nc or 10)]
-    elif args.source == "cifar":
-        pieces, classes = sources.cifar_pieces(args.batches)
-        splits = [("train", pieces, nc or classes)]
-        if args.test:
-            tpieces, _ = sources.cifar_pieces(args.test)
-            splits.append(("test", tpieces, nc or classes))
-    elif args.source == "synthetic":
-        splits = [(args.split, sources.synthetic_pieces(
-            args.samples, tuple(args.shape), num_classes=args.classes, seed=args.seed),
-            nc or args.classes)]
-    for split, pieces, classes in splits:
-        try:
+    try:
+        # Every source is read before anything is written, so a bad test file leaves no train.
+        for split, pieces, classes in source_splits(args):
             m = write_split(args, split, pieces, classes)
-        except DatasetError as e:
-            print(f"convert: error: {e}", file=sys.stderr)
-            return 2
-        print(f"{args.out}/{split}: {m.num_samples} samples of shape {m.sample_shape} "
-              f"({m.dtype}), {m.num_classes} classes, {len(m.shards)} shard(s)")
+            print(f"{args.out}/{split}: {m.num_samples} samples of shape {m.sample_shape} "
+                  f"({m.dtype}), {m.num_classes} classes, {len(m.shards)} shard(s)")
+    except (DatasetError, UsageError) as e:
+        return _fail(str(e))
+    except OSError as e:
+        what = f"{e.filename}: {e.strerror}" if e.filename is not None and e.strerror else str(e)
+        return _fail(f"{what}; check that the path exists and that its permissions allow this")
     return 0
 
 

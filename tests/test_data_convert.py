@@ -54,7 +54,7 @@ def test_idx(tmp_path: Path, gz: bool) -> None:
     lab = _idx(tmp_path / "lab", LABELS, gz=gz)
     before = img.read_bytes()
     assert convert.main(["idx", str(img), str(lab), "--out", str(tmp_path / "o"),
-                         "--shard-samples", "10"]) == 0
+                         "--shard-samples", "10", "--test-fraction", "0"]) == 0
     _check(tmp_path / "o" / "train", IMAGES, LABELS)
     assert len(open_dataset(tmp_path / "o" / "train").manifest.shards) == 4
     assert img.read_bytes() == before, "source data is never modified"
@@ -65,7 +65,7 @@ def test_npz_and_npy(tmp_path: Path) -> None:
     y = RNG.integers(0, 4, 50)
     np.savez(tmp_path / "a.npz", feats=x, target=y)
     assert convert.main(["npz", str(tmp_path / "a.npz"), "--x-key", "feats", "--y-key",
-                         "target", "--out", str(tmp_path / "z")]) == 0
+                         "target", "--out", str(tmp_path / "z"), "--test-fraction", "0"]) == 0
     _check(tmp_path / "z" / "train", x, y)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
@@ -93,7 +93,7 @@ def test_digits_mnist1d_synthetic(tmp_path: Path) -> None:
     assert convert.main(["mnist1d", "--samples", "100", "--out", str(tmp_path / "m")]) == 0
     assert len(open_dataset(tmp_path / "m" / "train")) == 80
     assert convert.main(["synthetic", "--samples", "300", "--shape", "2", "3", "--classes", "4",
-                         "--out", str(tmp_path / "s")]) == 0
+                         "--out", str(tmp_path / "s"), "--split", "train"]) == 0
     s = open_dataset(tmp_path / "s" / "train")
     assert (len(s), s.sample_shape, s.num_classes) == (300, (2, 3), 4)
     a = np.concatenate([x for x, _ in sources.synthetic_pieces(300, (2, 3), num_classes=4)])

@@ -20,6 +20,7 @@ from hethpc.data.partition import (
 )
 from hethpc.data.sharded import ShardedDataset, open_dataset
 from hethpc.data.shared import open_dataset_shared, split_shards
+from hethpc.data.sources import SourceError
 from hethpc.data.writer import DatasetWriter, sha256_file, write_dataset
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "ShardError",
     "ShardInfo",
     "ShardedDataset",
+    "SourceError",
     "block_shuffle",
     "block_shuffle_windows",
     "load_mnist1d",
