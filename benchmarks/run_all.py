@@ -49,6 +49,11 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
         "speedup": (">= 1.6 (2-stage pipeline / one rank; ideal 1.78)", lambda v: v >= 1.6),
         "peak_1f1b_flat_in_m": ("true", lambda v: v is True),
     },
+    "bench_faults": {
+        "worst_to_exit_s": ("<= 60 (any failed rank ends the job)", lambda v: v <= 60),
+        "sigstop_to_exit_s": ("<= 60 (default watchdog)", lambda v: v <= 60),
+        "stall_to_exit_s": ("<= 60 (default watchdog)", lambda v: v <= 60),
+    },
 }
 
 # The paced 2-rank run (compute paced, the host's noise hidden) is held to the same goals.

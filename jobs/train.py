@@ -12,14 +12,86 @@ go to <run-dir>/metrics/rank<k>.jsonl; plot them with jobs/report.py <run-dir>.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
-from typing import Any
+import time
+from typing import Any, NoReturn
 
 import torch
 
 from hethpc import comm
-from hethpc.train import Fault, TrainConfig, config_fields, format_summary, load_toml, train
+from hethpc.train import (
+    ConfigError,
+    Fault,
+    TrainConfig,
+    config_fields,
+    format_summary,
+    load_toml,
+    make_config,
+    toml_sources,
+    train,
+)
+
+PROG = "jobs/train.py"
+# Environment variables that hold this process's rank under the common launchers; read before
+# MPI starts, so that a mistake in the flags is reported once, by rank 0.
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+class UsageError(Exception):
+    """A flag the parser cannot read (an unknown flag, a value of the wrong type)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def did_you_mean(message: str) -> str:
+    """``"; did you mean --epochs?"`` for the unknown flags in an argparse message, or ``""``."""
+    if "unrecognized arguments" not in message:
+        return ""
+    flags = [o for a in build_parser()._actions for o in a.option_strings]
+    words = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
+    close = [m for w in words for m in difflib.get_close_matches(w, flags, n=1)]
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def launch_rank() -> tuple[int, int]:
+    """``(rank, size)``: from MPI once it runs, otherwise from the launcher's environment."""
+    if comm.is_initialized():
+        return comm.rank(), comm.size()
+    for var in _RANK_VARS:
+        if var in os.environ:
+            size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "2"
+            return int(os.environ[var]), int(size)
+    return 0, 1
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` reports the user's mistake (hethpc's own error classes), not a bug."""
+    return type(exc).__module__.startswith("hethpc.") and isinstance(
+        exc, (ValueError, RuntimeError, FloatingPointError)
+    ) or isinstance(exc, UsageError)
+
+
+def fail(message: str, *, code: int = 2, grace_s: float = 5.0) -> NoReturn:
+    """Report a user's mistake once and end every rank with ``code``, without a traceback.
+
+    Rank 0 prints and exits; the launcher then ends the other ranks. Another rank waits
+    ``grace_s`` first, so that a mistake every rank found (a bad flag) is printed once, and
+    one found by this rank alone (a file missing on its node) still ends the job, named.
+    """
+    rank, size = launch_rank()
+    if size > 1 and rank != 0:
+        time.sleep(grace_s)
+        message = f"[rank {rank}] {message}"
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if size > 1:
+        os._exit(code)  # without MPI_Finalize: a peer may be waiting in a collective
+    raise SystemExit(code)
 
 
 def _bool(text: str) -> bool:
@@ -32,8 +104,8 @@ def _bool(text: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one flag per :class:`TrainConfig` field, plus the job's own."""
-    p = argparse.ArgumentParser(
-        prog="jobs/train.py",
+    p = _Parser(
+        prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -64,36 +136,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
-    """Defaults, then the TOML file, then the flags."""
+    """Defaults, then the TOML file, then the flags.
+
+    Raises:
+        UsageError: a flag cannot be parsed.
+        ConfigError: a setting is invalid; the message says where it was set.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if args.config:
         values.update(load_toml(args.config))
+        sources.update(toml_sources(args.config))
     for f in config_fields():
         v = getattr(args, f.name)
         if v is not None:
             values[f.name] = v
+            sources[f.name] = "--" + f.name.replace("_", "-")
     if not values.get("cache_dir"):
         values["cache_dir"] = os.environ.get("HETHPC_CACHE", os.path.expanduser("~/.cache/hethpc"))
-    return TrainConfig(**values), args
+    return make_config(values, sources), args
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The job; a user's mistake ends it with one message and exit code 2 (a bug: traceback)."""
     comm.abort_on_exception()
+    try:
+        return run(argv)
+    except UsageError as e:
+        fail(f"{PROG}: error: {e}{did_you_mean(str(e))} (see '{PROG} --help' for every setting)")
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        fail(f"{PROG}: error: {e}")
+
+
+def run(argv: list[str] | None) -> int:
+    """Parse, check and train; see :func:`main`."""
     cfg, args = parse_config(argv)
     comm.init()
+    size = comm.size()
+    outside = sorted({f.rank for f in args.fault if not 0 <= f.rank < size})
+    if outside:
+        raise ConfigError(
+            f"--fault names rank(s) {outside}, but the job has ranks 0-{size - 1}"
+        )
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result = train(cfg, faults=tuple(args.fault), overwrite=args.overwrite)
     if comm.rank() == 0:
         print()
-        print(
-            format_summary(
-                [result.summary], names=[os.path.basename(os.path.normpath(cfg.run_dir))]
-            )
-        )
-        print(f"\nmetrics: {cfg.run_dir}/metrics/   checkpoint: {result.checkpoint}")
-        print(f"plots:   .venv/bin/python jobs/report.py {cfg.run_dir}")
+        print(format_summary([result.summary], names=[result.run_dir.name]))
+        saved = f"   checkpoint: {result.checkpoint}" if result.checkpoint else ""
+        print(f"\nmetrics: {result.run_dir}/metrics/{saved}")
+        print(f"plots:   .venv/bin/python jobs/report.py {result.run_dir}")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.train import ConfigError, TrainConfig, load_toml
+from hethpc.train import ConfigError, TrainConfig, load_toml, resume_differences
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402
@@ -75,3 +75,81 @@ def test_help_documents_every_setting(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     for name in TrainConfig().to_dict():
         assert "--" + name.replace("_", "-") in out
+
+
+@pytest.mark.parametrize(
+    ("toml", "match"),
+    [
+        ('resume = "false"\n', r"resume = 'false': expected true or false .*line 2"),
+        ('batch_size = "64"\n', r"batch_size = '64': expected an integer .*line 2"),
+        ('lr = "fast"\n', r"lr = 'fast': expected a finite number .*line 2"),
+        ("epochs = 1.5\n", r"epochs = 1.5: expected an integer .*line 2"),
+        ("[sync]\nthreshold = nan\n", r"threshold = nan: expected a finite number .*line 3"),
+        ("progress = 1\n", r"progress = 1: expected true or false"),
+        ("resume_changes = 'lr,epoch'\n", r"unknown setting\(s\) \['epoch'\]"),
+    ],
+    ids=["bool-as-string", "int-as-string", "float-as-string", "fractional-count", "nan",
+         "int-as-bool", "unknown-resume-change"],
+)  # fmt: skip
+def test_toml_values_are_type_checked_naming_key_and_line(
+    tmp_path: Path, toml: str, match: str
+) -> None:
+    p = tmp_path / "run.toml"
+    p.write_text('model = "mlp"\n' + toml)
+    with pytest.raises(ConfigError, match=match) as e:
+        train_job.parse_config(["--config", str(p)])
+    assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--lr", "nan"], r"lr = nan: expected a finite number \(set by --lr\)"),
+        (["--lr", "inf"], r"lr = inf: expected a finite number"),
+        (["--lr", "0"], "lr must be positive"),
+        (["--momentum", "nan"], "momentum = nan"),
+        (["--momentum", "1"], r"momentum must be in \[0, 1\)"),
+        (["--weight-decay", "nan"], "weight_decay = nan"),
+        (["--watchdog-s", "nan"], "watchdog_s = nan"),
+        (["--watchdog-s", "inf"], "watchdog_s = inf"),
+        (["--watchdog-s", "60", "--watchdog-max-s", "30"], "ceiling must be at least the floor"),
+        (["--b-min", "200"], "b_min = 200 is larger than batch_size = 128"),
+        (["--labels-per-rank", "0"], "labels_per_rank must be at least 1"),
+    ],
+    ids=["lr-nan", "lr-inf", "lr-zero", "momentum-nan", "momentum-one", "weight-decay-nan",
+         "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "labels-per-rank"],
+)  # fmt: skip
+def test_flags_are_range_checked_naming_the_flag(flags: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        train_job.parse_config(flags)
+
+
+def test_toml_booleans_are_booleans(tmp_path: Path) -> None:
+    p = tmp_path / "run.toml"
+    p.write_text("resume = false\nprogress = true\nlr = 1\n")
+    cfg, _ = train_job.parse_config(["--config", str(p)])
+    assert (cfg.resume, cfg.progress, cfg.lr) == (False, True, 1.0)
+    assert isinstance(cfg.lr, float)
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "changed"),
+    [
+        ({}, {}, []),
+        ({"lr": 0.1}, {"lr": 0.5}, ["lr: 0.1 -> 0.5"]),
+        ({"optimizer": "sgd"}, {"optimizer": "adam"}, ["optimizer: 'sgd' -> 'adam'"]),
+        ({"lr": 0.1}, {"lr": 0.5, "resume_changes": "lr"}, []),
+        ({"epochs": 2}, {"epochs": 4, "resume_changes": "epochs,lr-schedule"}, []),
+        ({"checkpoint_every": 5, "watchdog_s": 9.0}, {"checkpoint_every": 7}, []),
+    ],
+    ids=["same", "lr", "optimizer", "lr-allowed", "epochs-allowed", "operational-free"],
+)
+def test_resume_differences(saved: dict, now: dict, changed: list[str]) -> None:
+    base = TrainConfig().to_dict()
+    assert resume_differences({**base, **saved}, TrainConfig(**now)) == changed
+
+
+def test_a_setting_unknown_to_an_old_checkpoint_counts_only_off_its_default() -> None:
+    old = {k: v for k, v in TrainConfig().to_dict().items() if k != "sync_window"}
+    assert resume_differences(old, TrainConfig()) == []
+    assert resume_differences(old, TrainConfig(sync_window=9)) == ["sync_window: 25 -> 9"]

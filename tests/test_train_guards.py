@@ -1,10 +1,8 @@
-"""Guards without MPI: model signatures, non-finite skips, watchdog, faults, buffered metrics."""
+"""Guards without MPI: model signatures, non-finite skips, faults, buffered metrics."""
 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -67,27 +65,6 @@ def test_fault_parse(text: str, fault: Fault) -> None:
 def test_fault_parse_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="fault"):
         Fault.parse(text)
-
-
-def test_watchdog_ends_a_stalled_process() -> None:
-    code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
-        "with Watchdog(1.0) as w:\n    w.kick()\n    time.sleep(60)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert proc.returncode != 0
-    assert "Timeout" in proc.stderr and "line 5" in proc.stderr, proc.stderr
-
-
-def test_watchdog_that_is_kicked_lets_the_process_finish() -> None:
-    code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
-        "with Watchdog(1.0) as w:\n    for _ in range(4):\n"
-        "        time.sleep(0.4)\n        w.kick()\n"
-        "time.sleep(1.5)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_summary_table_has_one_column_per_run() -> None:

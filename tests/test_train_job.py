@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,7 @@ def test_resume_on_one_rank_keeps_the_global_batch(
 ) -> None:
     run = tmp_path / "shrunk"
     (run / "checkpoints").mkdir(parents=True)
+    (run / ".hethpc-run").write_bytes((uninterrupted / ".hethpc-run").read_bytes())
     for p in (uninterrupted / "checkpoints").glob("ckpt-000000030.pt*"):
         (run / "checkpoints" / p.name).write_bytes(p.read_bytes())
     proc, _ = _launch([sys.executable, str(JOB), *_args(cache, run, "--resume")], np=0)
@@ -120,6 +122,8 @@ def test_resume_on_one_rank_keeps_the_global_batch(
     want, got = _final(uninterrupted), _final(run)
     for k, v in want["model"].items():
         torch.testing.assert_close(got["model"][k], v, rtol=1e-4, atol=1e-5)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["synced_steps"], summary["sync_fraction"]) == (50, 50, 1.0)
 
 
 def test_config_mismatch_is_refused_naming_setting_and_ranks(cache: Path, tmp_path: Path) -> None:
@@ -150,13 +154,57 @@ def test_nonfinite_loss_on_one_rank(cache: Path, tmp_path: Path, setting: str, o
         assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
-def test_stalled_rank_is_ended_by_the_watchdog(cache: Path, tmp_path: Path) -> None:
-    extra = ("--fault", "1:5:stall", "--watchdog-s", "5")
-    proc, took = _launch([*_args(cache, tmp_path), *extra])
+def _stall_args(cache: Path, run_dir: Path, *extra: str) -> list[str]:
+    # The default watchdog settings: no --watchdog-s.
+    return [
+        "--samples", "20000", "--batch-size", "64", "--epochs", "50", "--model", "mlp",
+        "--cache-dir", str(cache), "--run-dir", str(run_dir), "--progress", "false", *extra,
+    ]  # fmt: skip
+
+
+def _heartbeat(run_dir: Path, rank: int, *, past_step: int, timeout: float = 60) -> dict:
+    """Rank ``rank``'s heartbeat once it is past ``past_step`` (the job is training)."""
+    path = run_dir / "heartbeat" / f"rank{rank}.json"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            beat = json.loads(path.read_text())
+            if beat["step"] > past_step:
+                return beat
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no heartbeat past step {past_step} in {path}")
+
+
+def test_a_rank_stopped_by_sigstop_ends_the_job_within_a_minute(
+    cache: Path, tmp_path: Path
+) -> None:
+    proc = subprocess.Popen(
+        [str(MPIRUN), "-np", "2", sys.executable, str(JOB), *_stall_args(cache, tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": "300", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        beat = _heartbeat(tmp_path, 1, past_step=20)
+        os.kill(beat["pid"], signal.SIGSTOP)
+        t0 = time.perf_counter()
+        out, _ = proc.communicate(timeout=120)
+        took = time.perf_counter() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, out
+    assert f"Stalled: rank 1 (pid {beat['pid']}" in out and "not answering" in out, out
+    assert "Traceback" not in out, out
+    assert took < 60, f"the job took {took:.1f} s to end after rank 1 was stopped"
+
+
+def test_a_stalled_rank_ends_the_job_within_a_minute(cache: Path, tmp_path: Path) -> None:
+    proc, took = _launch(_stall_args(cache, tmp_path, "--fault", "1:30:stall"), timeout=150)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert "Timeout" in out, out
-    assert took < 60
+    assert "Stalled: rank 1" in out and "at step 30, compute" in out, out
+    assert took < 75, f"the job took {took:.1f} s in all (the stall came after start-up)"
 
 
 def test_fresh_run_refuses_to_overwrite_a_previous_one(uninterrupted: Path, cache: Path) -> None:
@@ -203,3 +251,44 @@ def test_pipeline_settings_are_refused(
 ) -> None:
     proc, _ = _launch(_args(cache, tmp_path, "--model", "large", *extra))
     assert proc.returncode != 0 and match in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_resume_refuses_changed_settings_unless_allowed(uninterrupted: Path, cache: Path) -> None:
+    job = [sys.executable, str(JOB), *_args(cache, uninterrupted, "--resume")]
+    for extra, named in ((["--lr", "0.5"], "lr: 0.05 -> 0.5"),
+                         (["--optimizer", "adam"], "optimizer: 'sgd' -> 'adam'")):  # fmt: skip
+        proc, _ = _launch([*job, *extra], np=0)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert named in proc.stderr and "--resume-changes" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    proc, _ = _launch([*job, "--lr", "0.5", "--resume-changes", "lr"], np=0)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--epcohs", "3"), "unrecognized arguments: --epcohs"),
+        (("--lr", "nan"), "lr = nan: expected a finite number (set by --lr)"),
+        (("--fault", "3:5:raise"), "--fault names rank(s) [3], but the job has ranks 0-1"),
+        (("--data", "/nonexistent/data"), "/nonexistent/data"),
+    ],
+    ids=["typo", "nan", "fault-rank", "missing-data"],
+)
+def test_a_user_error_is_one_message_from_rank_0(
+    cache: Path, tmp_path: Path, extra: tuple[str, ...], message: str
+) -> None:
+    proc, took = _launch(_args(cache, tmp_path / "run", *extra))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert out.count(message) == 1, out
+    assert "Traceback" not in out and "[rank 1]" not in out, out
+    assert took < 60
+
+
+def test_steps_that_stay_nonfinite_stop_the_job(cache: Path, tmp_path: Path) -> None:
+    proc, _ = _launch(_args(cache, tmp_path, "--lr", "1e30", "--max-skipped-steps", "3"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "4 steps in a row" in out and "Lower --lr" in out, out
+    assert "Traceback" not in out, out

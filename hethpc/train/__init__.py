@@ -9,6 +9,9 @@ from hethpc.train.config import (
     check_same_config,
     config_fields,
     load_toml,
+    make_config,
+    resume_differences,
+    toml_sources,
 )
 from hethpc.train.faults import Fault
 from hethpc.train.guards import (
@@ -22,6 +25,7 @@ from hethpc.train.guards import (
 from hethpc.train.loop import RunResult, evaluate, train
 from hethpc.train.metrics import MetricsWriter, read_metrics
 from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
+from hethpc.train.rundir import RunDirError, is_run_dir, next_run_dir
 from hethpc.train.summary import format_summary
 from hethpc.train.watchdog import Watchdog
 
@@ -30,6 +34,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointWarning",
     "ConfigError",
+    "RunDirError",
     "Fault",
     "MetricsWriter",
     "ModelMismatchError",
@@ -43,7 +48,12 @@ __all__ = [
     "evaluate",
     "format_summary",
     "get_rng_state",
+    "is_run_dir",
     "load_toml",
+    "make_config",
+    "next_run_dir",
+    "resume_differences",
+    "toml_sources",
     "local_nonfinite",
     "model_signature",
     "nonfinite_ranks",

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,14 +18,29 @@ from hethpc.comm import Group
 
 
 class ConfigError(ValueError):
-    """A setting is invalid, unknown, or differs between ranks."""
+    """A setting is invalid, unknown, or differs between ranks.
+
+    Attributes:
+        key: the setting at fault, when there is one (so the caller can say where it was set).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _f(
-    default: Any, help: str, *, choices: tuple[str, ...] | None = None, local: bool = False
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    local: bool = False,
+    operational: bool = False,
 ) -> Any:
     # local: may legitimately differ between ranks (paths on node-local disks, display).
-    return field(default=default, metadata={"help": help, "choices": choices, "local": local})
+    # operational: does not change what is trained, so --resume lets it differ.
+    meta = {"help": help, "choices": choices, "local": local, "operational": local or operational}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -89,25 +107,59 @@ class TrainConfig:
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
     schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe"))
     # Reliability and output
-    eval_every: int = _f(1, "epochs between test evaluations on rank 0 (0: only at the end)")
-    run_dir: str = _f("runs/latest", "run directory: metrics, checkpoints, summary")
-    checkpoint_every: int = _f(0, "steps between checkpoints (0: only at the end)")
-    keep_checkpoints: int = _f(3, "checkpoints kept on disk (older ones are deleted)")
-    resume: bool = _f(False, "continue from the newest valid checkpoint in the run directory")
+    eval_every: int = _f(
+        1, "epochs between test evaluations on rank 0 (0: only at the end)", operational=True
+    )
+    run_dir: str = _f(
+        "",
+        "run directory: metrics, checkpoints, summary (default: a new runs/run-<N>); hethpc "
+        "writes only into a new, empty or earlier hethpc run directory",
+        operational=True,
+    )
+    checkpoint_every: int = _f(
+        0, "steps between checkpoints (0: only at the end)", operational=True
+    )
+    keep_checkpoints: int = _f(
+        3, "checkpoints kept on disk (older ones are deleted)", operational=True
+    )
+    resume: bool = _f(
+        False, "continue from the newest valid checkpoint in the run directory", operational=True
+    )
+    resume_changes: str = _f(
+        "",
+        "with --resume: settings that may differ from the checkpoint's, comma-separated, e.g. "
+        "'lr,epochs' (every other setting that changes the result must match)",
+        operational=True,
+    )
     on_nonfinite: str = _f(
         "skip",
         "a NaN/Inf loss or gradient on any rank: skip the step everywhere, or stop",
         choices=("skip", "stop"),
+        operational=True,
     )
-    watchdog_s: float = _f(300.0, "end a rank stalled this long in one step (0: never)")
+    max_skipped_steps: int = _f(
+        10,
+        "with --on-nonfinite skip: steps skipped in a row before the job stops",
+        operational=True,
+    )
+    watchdog_s: float = _f(
+        30.0,
+        "end the job when no rank made progress for this long (seconds; the limit grows to "
+        "20x the slowest step seen, up to --watchdog-max-s; 0: never)",
+        operational=True,
+    )
+    watchdog_max_s: float = _f(
+        1800.0, "the watchdog's limit never grows past this (seconds)", operational=True
+    )
     progress: bool = _f(True, "rank 0 shows a progress bar", local=True)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, check_type(f.name, getattr(self, f.name), str(f.type)))
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}")
+                raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}", key=f.name)
         positive = (
             "samples",
             "epochs",
@@ -117,25 +169,58 @@ class TrainConfig:
             "fedavg_period",
             "batch_interval",
             "b_min",
+            "labels_per_rank",
             "pipeline_stages",
             "micro_batches",
         )
         for name in positive:
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", key=name)
+        for name in ("lr", "dirichlet_alpha"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", key=name)
         for name in (
             "max_steps",
             "checkpoint_every",
             "eval_every",
+            "max_skipped_steps",
             "watchdog_s",
-            "lr",
+            "watchdog_max_s",
             "threshold",
+            "weight_decay",
         ):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"{name} must not be negative, got {getattr(self, name)}", key=name
+                )
         for name in ("inject_alpha", "inject_beta"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}", key=name)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}", key="momentum")
+        if self.b_min > self.batch_size:
+            raise ConfigError(
+                f"b_min = {self.b_min} is larger than batch_size = {self.batch_size}", key="b_min"
+            )
+        if self.watchdog_s and self.watchdog_max_s < self.watchdog_s:
+            raise ConfigError(
+                f"watchdog_max_s = {self.watchdog_max_s} is below watchdog_s = "
+                f"{self.watchdog_s}; the ceiling must be at least the floor",
+                key="watchdog_max_s",
+            )
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(self.resume_change_set()) - names)
+        if unknown:
+            raise ConfigError(
+                f"resume_changes names unknown setting(s) {unknown}; use setting names such "
+                "as 'lr,epochs'",
+                key="resume_changes",
+            )
+
+    def resume_change_set(self) -> tuple[str, ...]:
+        """The settings ``resume_changes`` allows to differ (dashes read as underscores)."""
+        items = (n.strip().replace("-", "_") for n in self.resume_changes.split(","))
+        return tuple(n for n in items if n)
 
     def to_dict(self) -> dict[str, Any]:
         """All settings as a plain dict (JSON- and TOML-friendly)."""
@@ -153,6 +238,78 @@ class TrainConfig:
         """sha256 of :meth:`shared` in canonical JSON: equal digests mean equal settings."""
         blob = json.dumps(self.shared(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+_EXPECTED = {
+    "bool": "true or false (a TOML boolean, not a string)",
+    "int": "an integer",
+    "float": "a finite number",
+    "str": "a string",
+}
+
+
+def check_type(name: str, value: Any, kind: str) -> Any:
+    """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
+
+    No guessing: a bool must be a bool (``"false"`` is refused), an int an int (not ``1.5``,
+    not ``True``), a float any finite number (an int becomes a float), a str a str.
+
+    Raises:
+        ConfigError: naming the setting, the value and what was expected.
+    """
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value),
+        "str": isinstance(value, str),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"{name} = {value!r}: expected {_EXPECTED[kind]}", key=name)
+    return float(value) if kind == "float" else value
+
+
+def make_config(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> TrainConfig:
+    """A :class:`TrainConfig` from ``values``; an error names where the faulty value came from.
+
+    Args:
+        values: settings by field name.
+        sources: where each value was set, e.g. ``{"lr": "--lr", "epochs": "run.toml line 3"}``.
+
+    Raises:
+        ConfigError: an unknown or invalid setting, with its source appended.
+    """
+    known = {f.name for f in config_fields()}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown}")
+    try:
+        return TrainConfig(**values)
+    except ConfigError as e:
+        where = (sources or {}).get(e.key or "")
+        if where:
+            raise ConfigError(f"{e} (set by {where})", key=e.key) from None
+        raise
+
+
+def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """The settings that change the result and differ from a checkpoint's, as ``name: a -> b``.
+
+    Operational settings (paths, checkpoint cadence, watchdog, display) and those named in
+    ``config.resume_changes`` may differ. A setting the checkpoint does not know (added
+    since) counts as different only when it is not at its default.
+    """
+    allowed = set(config.resume_change_set())
+    out = []
+    for f in config_fields():
+        if f.metadata["operational"] or f.name in allowed:
+            continue
+        now = getattr(config, f.name)
+        before = saved.get(f.name, f.default)
+        if json.dumps(before) != json.dumps(now):
+            out.append(f"{f.name}: {before!r} -> {now!r}")
+    return out
 
 
 def config_fields() -> list[dataclasses.Field[Any]]:
@@ -186,6 +343,23 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             f"{path}: unknown setting(s) {unknown}; see 'jobs/train.py --help' for the names"
         )
     return flat
+
+
+_TOML_KEY = re.compile(r"""^\s*["']?([A-Za-z0-9_-]+)["']?\s*=""")
+
+
+def toml_sources(path: str | Path) -> dict[str, str]:
+    """Where each key of a TOML file is set, as ``{"lr": "run.toml line 3"}`` (for messages)."""
+    out: dict[str, str] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for number, line in enumerate(lines, start=1):
+        m = _TOML_KEY.match(line)
+        if m:
+            out.setdefault(m.group(1).replace("-", "_"), f"{path} line {number}")
+    return out
 
 
 def check_same_config(config: TrainConfig, group: Group | None = None) -> None:

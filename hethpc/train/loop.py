@@ -20,7 +20,7 @@ from hethpc.data import ArrayDataset, ShardedDataset, load_mnist1d, open_dataset
 from hethpc.models import build_model
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
-from hethpc.train.config import ConfigError, TrainConfig, check_same_config
+from hethpc.train.config import ConfigError, TrainConfig, check_same_config, resume_differences
 from hethpc.train.faults import Fault, apply_faults
 from hethpc.train.guards import (
     AveragedGradientGuard,
@@ -33,6 +33,7 @@ from hethpc.train.guards import (
 from hethpc.train.metrics import open_run
 from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
+from hethpc.train.rundir import RunDirError, claim, next_run_dir
 from hethpc.train.state import Pieces, gather_state, restore_state
 from hethpc.train.watchdog import Watchdog
 
@@ -107,18 +108,36 @@ def make_optimizer(
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def evaluate(model: nn.Module, data: ArrayDataset, *, batch: int = 2048) -> float:
-    """Accuracy of ``model`` on all of ``data``."""
+def evaluate(
+    model: nn.Module,
+    data: ArrayDataset,
+    *,
+    batch: int = 2048,
+    tick: Callable[[], None] | None = None,
+) -> float:
+    """Accuracy of ``model`` on all of ``data``; ``tick`` is called after every batch."""
     model.eval()
     correct = 0
     with torch.no_grad():
         device = next(model.parameters()).device
         for i in range(0, len(data), batch):
+            if tick is not None:
+                tick()
             x = torch.from_numpy(data.x[i : i + batch]).to(device)
             pred = model(x).argmax(1).cpu().numpy()
             correct += int((pred == data.y[i : i + batch]).sum())
     model.train()
     return correct / max(len(data), 1)
+
+
+def nonfinite_advice(cfg: TrainConfig, step: int, in_a_row: int, ranks: list[int]) -> str:
+    """The message that stops a run whose steps keep turning NaN/Inf, with the likely cause."""
+    return (
+        f"{in_a_row} steps in a row (up to step {step}) had a non-finite loss or gradient, "
+        f"last on rank(s) {ranks}; stopping (--max-skipped-steps {cfg.max_skipped_steps}). "
+        f"Likely cause: the learning rate is too large for this model (--lr {cfg.lr}), or the "
+        "data holds NaN/Inf values. Lower --lr, check the data, or raise --max-skipped-steps"
+    )
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:
@@ -159,22 +178,22 @@ def train(
         # seconds of imports (it loads torch._inductor).
         # warn_only: cuBLAS needs CUBLAS_WORKSPACE_CONFIG for determinism; without it, warn.
         torch.use_deterministic_algorithms(True, warn_only=True)
-    run_dir = Path(cfg.run_dir)
-    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    refusal = ""
-    if rank == 0 and not cfg.resume:
-        if ckpts.steps() and not overwrite:
-            refusal = (
-                f"{run_dir} already holds a run; pass --resume to continue it "
-                "or --overwrite to replace it"
-            )
-        else:
-            for p in [*(run_dir / "metrics").glob("rank*.jsonl"), *ckpts.directory.glob("ckpt-*")]:
-                p.unlink()
+    refusal, chosen = "", cfg.run_dir
+    if rank == 0:
+        try:
+            if not chosen and cfg.resume:
+                raise RunDirError("--resume needs --run-dir: the directory of the run to continue")
+            chosen = str(chosen or next_run_dir())
+            claim(chosen, digest=cfg.digest(), resume=cfg.resume, overwrite=overwrite)
+        except RunDirError as e:
+            refusal = str(e)
     # Decided on rank 0, raised on every rank: no rank is left waiting in a collective.
-    refusal = comm.broadcast_object(refusal)
+    refusal, chosen = comm.broadcast_object((refusal, chosen))
     if refusal:
-        raise ConfigError(refusal)
+        raise RunDirError(refusal)
+    run_dir = Path(chosen)
+    say(f"hethpc: run directory {run_dir}")
+    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
 
     train_set, test_set = load_data(cfg)
     model = build(cfg, train_set)
@@ -222,15 +241,29 @@ def train(
     pieces = Pieces(model, optimizer, scheduler, loader, controller, policy)
 
     start, elapsed0 = 0, 0.0
+    synced = skipped = 0  # the job's own counts, carried across a resume
     seed_rank(cfg.seed, rank)
     if cfg.resume:
         found = ckpts.load_latest() if rank == 0 else None
-        found = comm.broadcast_object(found)
+        changed = resume_differences(found[1]["config"], cfg) if found is not None else []
+        if changed:
+            found = None  # not broadcast: every rank raises below
+        found, changed = comm.broadcast_object((found, changed))
+        if changed:
+            raise ConfigError(
+                f"--resume: these settings differ from the checkpoint's in {ckpts.directory}: "
+                + "; ".join(changed)
+                + ". Resume with the checkpoint's settings, or allow the change with "
+                + "--resume-changes "
+                + ",".join(c.split(":")[0] for c in changed)
+            )
         if found is None:
             say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
         else:
             start, state = found
             elapsed0 = float(state["elapsed_s"])
+            counters = state.get("counters", {})
+            synced, skipped = int(counters.get("synced", 0)), int(counters.get("skipped", 0))
             same = restore_state(state, pieces, seed=cfg.seed)
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {start}{how}")
@@ -239,14 +272,17 @@ def train(
 
     def checkpoint(step: int) -> Path | None:
         metrics.flush()  # the records up to a checkpoint are on disk before it is
+        dog.kick(step, "checkpoint")
         state = gather_state(
             pieces,
             step=step,
             elapsed_s=elapsed0 + time.perf_counter() - t0,
             config=cfg.to_dict(),
             replicas_differ=replicas_differ,
+            counters={"synced": synced, "skipped": skipped},
         )
         path = ckpts.save(state, step) if state is not None else None
+        dog.kick(step, "barrier")
         comm.barrier()
         return path
 
@@ -263,12 +299,17 @@ def train(
     # without a per-step vote. Other policies step on local gradients and vote.
     guard = AveragedGradientGuard(optimizer) if cfg.sync == "bsp" else None
     bar = _progress(total, start, cfg.progress and rank == 0)
-    synced = skipped = seen = 0
+    seen = in_a_row = 0
     last_path: Path | None = None
     t0 = time.perf_counter()
+    dog = Watchdog(
+        cfg.watchdog_s, max_s=cfg.watchdog_max_s, heartbeat_dir=run_dir / "heartbeat",
+        rank=rank, size=size,
+    )  # fmt: skip
     try:
-        with Watchdog(cfg.watchdog_s) as dog:
+        with dog:
             for step in range(start, total):
+                dog.kick(step, "data")
                 sizes = np.asarray(controller.batch_sizes)
                 b, big_b = int(sizes[rank]), int(sizes.sum())
                 weight = parts.gradient_weight(
@@ -284,12 +325,14 @@ def train(
                 if injector is not None:
                     x, y = injector.exchange(x, y, step)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                dog.kick(step, "compute")
                 tc = time.perf_counter()
                 out = model(x)
                 loss = apply_faults(tuple(faults), rank=rank, step=step, loss=loss_fn(out, y))
                 optimizer.zero_grad()
                 loss.backward()
                 compute_s = controller.timer_stop(tc)
+                dog.kick(step, "sync")
                 bad: list[int] = []
                 if guard is not None:
                     # BSP: a NaN/Inf travels in the gradient allreduce and the guard skips the
@@ -305,10 +348,13 @@ def train(
                     bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in params)))
                     if not bad:
                         record = policy.step(model, optimizer, weight=weight, compute_s=compute_s)
+                in_a_row = in_a_row + 1 if bad else 0
                 if bad:
                     where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"
                     if cfg.on_nonfinite == "stop":
                         raise NonFiniteError(f"{where}; stopping (--on-nonfinite stop)")
+                    if in_a_row > cfg.max_skipped_steps:
+                        raise NonFiniteError(nonfinite_advice(cfg, step, in_a_row, bad))
                     say(f"hethpc: {where}; skipping the step on every rank")
                     optimizer.zero_grad()
                     skipped += 1
@@ -351,7 +397,7 @@ def train(
                     metrics.flush()
                 every = cfg.eval_every * spe
                 if epoch_done and rank == 0 and every and (step + 1) % every == 0:
-                    test_acc = evaluate(model, test_set)
+                    test_acc = evaluate(model, test_set, tick=lambda: dog.kick(None, "evaluate"))
                     metrics.write(
                         "epoch", step=step, epoch=step // spe, time=now, test_acc=test_acc
                     )
@@ -374,24 +420,33 @@ def train(
                 bar.close()
             elapsed = elapsed0 + time.perf_counter() - t0
             last_path = checkpoint(total) if start < total or not ckpts.steps() else last_path
+            dog.kick(total, "sync")
             parts.finish_policy(policy, model)
-            test_acc = evaluate(model, test_set)
+            test_acc = evaluate(model, test_set, tick=lambda: dog.kick(None, "evaluate"))
     finally:
         metrics.close()
         if guard is not None:
             guard.remove()
     done = total - start
+    # The policy counts only this process's steps (and BSP counts skipped steps as synced):
+    # the job's own counts, carried through checkpoints, win.
+    policy_figures = {
+        k: v
+        for k, v in parts.policy_summary(policy).items()
+        if k not in ("steps", "synced_steps", "sync_fraction")
+    }
     summary = {
+        **policy_figures,
         "test_acc": test_acc,
         "time_s": elapsed,
         "steps": total,
+        "synced_steps": synced,
         "samples_per_s": done * cfg.batch_size / max(elapsed - elapsed0, 1e-9) if done else None,
-        "sync_fraction": synced / done if done else None,
+        "sync_fraction": synced / total if total else None,
         "skipped_steps": skipped,
         "final_batch_sizes": [int(s) for s in np.asarray(controller.batch_sizes)],
         "world_size": size,
         "config": cfg.shared(),
-        **parts.policy_summary(policy),
     }
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -124,8 +124,13 @@ def train_pipeline(
     losses: list[float] = []
     t0 = time.perf_counter()
     try:
-        with Watchdog(cfg.watchdog_s) as dog:
+        dog = Watchdog(
+            cfg.watchdog_s, max_s=cfg.watchdog_max_s, heartbeat_dir=run_dir / "heartbeat",
+            rank=rank, size=size,
+        )  # fmt: skip
+        with dog:
             for step in range(total):
+                dog.kick(step, "step")
                 x, y = loader.next_batch(sizes)
                 tc = time.perf_counter()
                 optimizer.zero_grad()
@@ -155,12 +160,14 @@ def train_pipeline(
                 if epoch_done:
                     metrics.flush()
                 if epoch_done and cfg.eval_every and ((step + 1) // spe) % cfg.eval_every == 0:
+                    dog.kick(step, "evaluate")
                     acc = evaluate_pipeline(pipe, test_set, lay.replicas)
                     now = time.perf_counter() - t0
                     metrics.write("epoch", step=step, epoch=step // spe, time=now, test_acc=acc)
                     say(f"epoch {(step + 1) // spe}/{cfg.epochs}  test accuracy {100 * acc:.1f}%")
                 dog.kick()
             elapsed = time.perf_counter() - t0
+            dog.kick(total, "evaluate")
             test_acc = evaluate_pipeline(pipe, test_set, lay.replicas)
     finally:
         metrics.close()

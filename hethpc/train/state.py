@@ -51,8 +51,12 @@ def gather_state(
     elapsed_s: float,
     config: dict[str, Any],
     replicas_differ: bool,
+    counters: dict[str, int] | None = None,
 ) -> dict[str, Any] | None:
-    """Collect the checkpoint state from every rank (a collective); returned on rank 0 only."""
+    """Collect the checkpoint state from every rank (a collective); returned on rank 0 only.
+
+    ``counters`` are the job's own tallies (synchronised and skipped steps), kept as they are.
+    """
     model, optimizer = pieces.model, pieces.optimizer
     mine: dict[str, Any] = {
         "rng": get_rng_state(),
@@ -71,6 +75,7 @@ def gather_state(
         "elapsed_s": elapsed_s,
         "world_size": comm.size(),
         "config": config,
+        "counters": dict(counters or {}),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": pieces.scheduler.state_dict(),
