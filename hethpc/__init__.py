@@ -1,7 +1,38 @@
-"""hethpc: train PyTorch models on heterogeneous HPC clusters."""
+"""hethpc: train PyTorch models on heterogeneous HPC clusters.
+
+The public API (imported on first use, so ``import hethpc.comm`` stays light):
+
+- :func:`fit`: train your own model on your own data, every capability a setting.
+- :class:`Coordinator`: hethpc inside your own training loop (batch size, sync, weights).
+- :class:`TrainConfig`: every setting, validated; :class:`RunResult`: what a run returns.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["ConfigError", "Coordinator", "RunResult", "TrainConfig", "__version__", "fit"]
+
+_LAZY = {
+    "ConfigError": "hethpc.train.config",
+    "Coordinator": "hethpc.train.coordinator",
+    "RunResult": "hethpc.train.loop",
+    "TrainConfig": "hethpc.train.config",
+    "fit": "hethpc.train.fit",
+}
+
+if TYPE_CHECKING:
+    from hethpc.train.config import ConfigError, TrainConfig
+    from hethpc.train.coordinator import Coordinator
+    from hethpc.train.fit import fit
+    from hethpc.train.loop import RunResult
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hethpc' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hethpc.data import sources
+from hethpc.data.adapt import as_dataset, from_arrays, from_torch
 from hethpc.data.errors import DatasetError, LoaderError, PartitionError, ShardError
 from hethpc.data.injection import Injector, local_batch_size, senders, share_size
 from hethpc.data.loader import Loader
@@ -21,6 +22,7 @@ from hethpc.data.partition import (
 from hethpc.data.sharded import ShardedDataset, open_dataset
 from hethpc.data.shared import open_dataset_shared, split_shards
 from hethpc.data.sources import SourceError
+from hethpc.data.transform import to_inputs, to_targets
 from hethpc.data.writer import DatasetWriter, sha256_file, write_dataset
 
 __all__ = [
@@ -42,8 +44,11 @@ __all__ = [
     "ShardInfo",
     "ShardedDataset",
     "SourceError",
+    "as_dataset",
     "block_shuffle",
     "block_shuffle_windows",
+    "from_arrays",
+    "from_torch",
     "load_mnist1d",
     "local_batch_size",
     "make_partitioner",
@@ -56,5 +61,7 @@ __all__ = [
     "share_size",
     "sources",
     "sha256_file",
+    "to_inputs",
+    "to_targets",
     "write_dataset",
 ]

@@ -16,6 +16,7 @@ from hethpc.data.errors import LoaderError
 from hethpc.data.mnist1d import ArrayDataset
 from hethpc.data.order import block_shuffle_windows, rotate_chunks, segment_bounds
 from hethpc.data.sharded import ShardedDataset
+from hethpc.data.transform import to_inputs, to_targets
 
 MODES = ("iid", "seldp", "partition")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -220,11 +221,7 @@ class Loader:
             # matter to training.
             idx = np.sort(self._stream(start, count))
             x, y = self.dataset.x[idx], self.dataset.y[idx]
-        if x.dtype == np.uint8 and self._normalize:
-            xt = torch.from_numpy(x).to(torch.float32).div_(255.0)
-        else:
-            xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        return xt, torch.from_numpy(np.asarray(y, dtype=np.int64))
+        return to_inputs(x, normalize=self._normalize), to_targets(np.asarray(y))
 
     def _read_windows(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Stream positions ``start .. start+count-1`` from the shuffle windows that hold them.

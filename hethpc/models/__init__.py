@@ -2,6 +2,27 @@
 
 from __future__ import annotations
 
-from hethpc.models.builtin import MODELS, BasicBlock, build_model, cnn1d, large, mlp, resnet
+from hethpc.models.builtin import (
+    MODELS,
+    BasicBlock,
+    ModelError,
+    build_model,
+    cnn1d,
+    large,
+    mlp,
+    resnet,
+)
+from hethpc.models.factory import ImportSpecError, import_object
 
-__all__ = ["MODELS", "BasicBlock", "build_model", "cnn1d", "large", "mlp", "resnet"]
+__all__ = [
+    "MODELS",
+    "BasicBlock",
+    "ImportSpecError",
+    "ModelError",
+    "build_model",
+    "cnn1d",
+    "import_object",
+    "large",
+    "mlp",
+    "resnet",
+]

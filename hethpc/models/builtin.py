@@ -8,6 +8,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from hethpc.models.factory import ImportSpecError, import_object
+
+
+class ModelError(ValueError):
+    """A user's model factory failed or returned something that is not a model."""
+
 
 def mlp(
     input_shape: Sequence[int], num_classes: int, *, hidden: int = 256, depth: int = 2
@@ -151,12 +157,32 @@ MODELS: dict[str, Callable[..., nn.Sequential]] = {
 }
 
 
-def build_model(name: str, input_shape: Sequence[int], num_classes: int) -> nn.Sequential:
-    """Build a built-in model by name.
+def build_model(name: str, input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """A built-in model by name, or the user's: ``package.module:factory`` or ``file.py:factory``.
+
+    A factory is called as ``factory(input_shape, num_classes)`` (a tuple, an int; 0 classes
+    for regression targets) and must return an ``nn.Module``.
 
     Raises:
-        ValueError: the name is not one of :data:`MODELS`.
+        ImportSpecError: the name is neither built in nor an import path that loads.
+        ModelError: the factory fails or returns something else than a module.
     """
+    if ":" in name:
+        factory = import_object(name, what="model factory")
+        try:
+            model = factory(tuple(input_shape), int(num_classes))
+        except TypeError as e:
+            raise ModelError(
+                f"model factory {name!r} must accept (input_shape, num_classes): {e}"
+            ) from e
+        if not isinstance(model, nn.Module):
+            raise ModelError(
+                f"model factory {name!r} returned a {type(model).__name__}, not an nn.Module"
+            )
+        return model
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+        raise ImportSpecError(
+            f"unknown model {name!r}; choose one of {sorted(MODELS)} or give your own as "
+            "'package.module:factory' or 'path/to/file.py:factory'"
+        )
     return MODELS[name](input_shape, num_classes)

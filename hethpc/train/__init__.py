@@ -13,7 +13,9 @@ from hethpc.train.config import (
     resume_differences,
     toml_sources,
 )
+from hethpc.train.coordinator import Coordinator
 from hethpc.train.faults import Fault
+from hethpc.train.fit import fit
 from hethpc.train.guards import (
     ModelMismatchError,
     NonFiniteError,
@@ -22,7 +24,8 @@ from hethpc.train.guards import (
     model_signature,
     nonfinite_ranks,
 )
-from hethpc.train.loop import RunResult, evaluate, train
+from hethpc.train.loop import RunResult, accuracy, evaluate, train
+from hethpc.train.losses import LOSSES, make_loss
 from hethpc.train.metrics import MetricsWriter, read_metrics
 from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
 from hethpc.train.rundir import RunDirError, is_run_dir, next_run_dir
@@ -30,10 +33,12 @@ from hethpc.train.summary import format_summary
 from hethpc.train.watchdog import Watchdog
 
 __all__ = [
+    "LOSSES",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointWarning",
     "ConfigError",
+    "Coordinator",
     "RunDirError",
     "Fault",
     "MetricsWriter",
@@ -45,12 +50,15 @@ __all__ = [
     "check_same_config",
     "check_same_model",
     "config_fields",
+    "accuracy",
     "evaluate",
+    "fit",
     "format_summary",
     "get_rng_state",
     "is_run_dir",
     "load_toml",
     "make_config",
+    "make_loss",
     "next_run_dir",
     "resume_differences",
     "toml_sources",

@@ -67,7 +67,17 @@ class TrainConfig:
     inject_alpha: float = _f(0.0, "data injection: fraction of ranks that send samples each step")
     inject_beta: float = _f(0.0, "data injection: fraction of a sender's batch that is sent")
     # Model and optimisation
-    model: str = _f("cnn1d", "built-in model (see hethpc.models.MODELS)")
+    model: str = _f(
+        "cnn1d",
+        "a built-in model (mlp, cnn1d, cnn1d_wide, resnet, large) or your own: "
+        "'package.module:factory' or 'path/to/file.py:factory', called as "
+        "factory(sample_shape, num_classes)",
+    )
+    loss: str = _f(
+        "cross_entropy",
+        "cross_entropy, mse, l1, smooth_l1, or your own 'package.module:factory' (called "
+        "without arguments, returns loss(output, target))",
+    )
     epochs: int = _f(5, "passes over the training set")
     max_steps: int = _f(0, "stop after this many steps in total (0: run every epoch)")
     batch_size: int = _f(128, "global batch: the sum of every rank's batch, kept fixed")

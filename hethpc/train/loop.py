@@ -16,7 +16,14 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import ReduceOp
-from hethpc.data import ArrayDataset, ShardedDataset, load_mnist1d, open_dataset_shared
+from hethpc.data import (
+    ArrayDataset,
+    ShardedDataset,
+    load_mnist1d,
+    open_dataset_shared,
+    to_inputs,
+    to_targets,
+)
 from hethpc.models import build_model
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
@@ -30,6 +37,7 @@ from hethpc.train.guards import (
     nonfinite_ranks,
     poison_if_nonfinite_,
 )
+from hethpc.train.losses import make_loss
 from hethpc.train.metrics import open_run
 from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
@@ -62,10 +70,8 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
         root = Path(cfg.data)
         train = open_dataset_shared(root / "train")  # each rank hashes a share of the shards
         test = open_dataset_shared(root / "test")
-        x, y = test.read(np.arange(len(test)))
-        return train, ArrayDataset(
-            np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64), int(test.num_classes)
-        )
+        x, y = test.read(np.arange(len(test)))  # as stored: evaluate() scales uint8 as training
+        return train, ArrayDataset(np.asarray(x), np.asarray(y), int(test.num_classes))
     cache = cfg.cache_dir or str(Path.home() / ".cache" / "hethpc")
     if comm.rank() == 0:
         load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
@@ -108,26 +114,53 @@ def make_optimizer(
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def accuracy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The fraction of rows of ``out`` ``[n, classes]`` whose largest entry is at label ``y``."""
+    return (out.argmax(1) == y).float().mean()
+
+
+def metric_key(metric: Metric) -> str:
+    """The summary key of a metric: ``test_acc`` for :func:`accuracy`, else ``test_<name>``."""
+    if metric is accuracy:
+        return "test_acc"
+    return "test_" + getattr(metric, "__name__", type(metric).__name__).lower()
+
+
 def evaluate(
     model: nn.Module,
     data: ArrayDataset,
     *,
+    metric: Metric = accuracy,
     batch: int = 2048,
     tick: Callable[[], None] | None = None,
 ) -> float:
-    """Accuracy of ``model`` on all of ``data``; ``tick`` is called after every batch."""
+    """``metric`` of ``model`` on all of ``data`` (batch means weighted by batch size).
+
+    Samples go through :func:`~hethpc.data.to_inputs`, as in training (uint8 scaled to [0, 1]).
+    ``tick`` is called after every batch.
+    """
     model.eval()
-    correct = 0
+    total = 0.0
     with torch.no_grad():
         device = next(model.parameters()).device
         for i in range(0, len(data), batch):
             if tick is not None:
                 tick()
-            x = torch.from_numpy(data.x[i : i + batch]).to(device)
-            pred = model(x).argmax(1).cpu().numpy()
-            correct += int((pred == data.y[i : i + batch]).sum())
+            x = to_inputs(data.x[i : i + batch]).to(device)
+            y = to_targets(data.y[i : i + batch]).to(device)
+            total += float(metric(model(x), y)) * len(y)
     model.train()
-    return correct / max(len(data), 1)
+    return total / max(len(data), 1)
+
+
+def describe(key: str, score: float) -> str:
+    """``test accuracy 91.2%`` or ``test mse 0.0123``, for the log."""
+    if key == "test_acc":
+        return f"test accuracy {100 * score:.1f}%"
+    return f"{key.replace('_', ' ')} {score:.4g}"
 
 
 def nonfinite_advice(cfg: TrainConfig, step: int, in_a_row: int, ranks: list[int]) -> str:
@@ -157,16 +190,37 @@ def train(
 ) -> RunResult:
     """Run the training that ``cfg`` describes on every rank of the world (a collective).
 
+    The data (``cfg.data``) and the model (``cfg.model``) are built from the settings, the
+    loss is cross-entropy and the metric accuracy; :func:`hethpc.fit` takes the user's own.
+
     Args:
         cfg: the settings (the same on every rank; checked before anything else).
         faults: deliberate failures, for reliability tests only.
-        overwrite: a fresh run may replace the checkpoints and metrics in ``cfg.run_dir``.
+        overwrite: a fresh run may replace an earlier hethpc run in ``cfg.run_dir``.
         log: where rank 0's messages go.
 
     Raises:
         ConfigError: settings differ across ranks, or the run directory holds another run.
         ModelMismatchError: the ranks built different models.
         NonFiniteError: a NaN/Inf appeared and ``cfg.on_nonfinite == "stop"``.
+    """
+    run_dir = start_run(cfg, overwrite=overwrite, log=log)
+    train_set, test_set = load_data(cfg)
+    model = build(cfg, train_set)
+    return run_training(
+        cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=make_loss(cfg.loss),
+        faults=faults, log=log,
+    )  # fmt: skip
+
+
+def start_run(
+    cfg: TrainConfig, *, overwrite: bool = False, log: Callable[[str], None] = print
+) -> Path:
+    """Check the settings on every rank and claim the run directory (a collective); its path.
+
+    Raises:
+        ConfigError: settings differ across ranks or do not fit the world.
+        RunDirError: the run directory may not be written (the user's files, an earlier run).
     """
     rank, size = comm.rank(), comm.size()
     say = log if rank == 0 else (lambda _msg: None)
@@ -191,17 +245,49 @@ def train(
     refusal, chosen = comm.broadcast_object((refusal, chosen))
     if refusal:
         raise RunDirError(refusal)
-    run_dir = Path(chosen)
-    say(f"hethpc: run directory {run_dir}")
-    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    say(f"hethpc: run directory {chosen}")
+    return Path(chosen)
 
-    train_set, test_set = load_data(cfg)
-    model = build(cfg, train_set)
+
+def run_training(
+    cfg: TrainConfig,
+    model: nn.Module,
+    train_set: ArrayDataset | ShardedDataset,
+    test_set: ArrayDataset | None,
+    *,
+    run_dir: Path,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    metric: Metric = accuracy,
+    faults: Sequence[Fault] = (),
+    log: Callable[[str], None] = print,
+) -> RunResult:
+    """The training loop over a built model and data, after :func:`start_run` (a collective).
+
+    Args:
+        cfg: the settings.
+        model: the same architecture on every rank (rank 0's weights are broadcast).
+        train_set: the training data.
+        test_set: evaluated with ``metric`` at epoch ends and at the end; None: never.
+        run_dir: from :func:`start_run`.
+        loss_fn: ``loss_fn(model(x), y)``, a scalar mean over the batch (default
+            cross-entropy).
+        metric: ``metric(model(x), y)``, a batch mean (default accuracy).
+        faults: deliberate failures, for reliability tests only.
+        log: where rank 0's messages go.
+    """
+    rank, size = comm.rank(), comm.size()
+    say = log if rank == 0 else (lambda _msg: None)
+    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    key = metric_key(metric)
+    classify = metric is accuracy
     check_same_model(model)
     comm.broadcast_model(model)
     if cfg.pipeline_stages > 1:
         if not isinstance(model, nn.Sequential):
             raise ConfigError(f"--model {cfg.model} cannot be cut into pipeline stages")
+        if test_set is None:
+            raise ConfigError("pipeline runs need test data to evaluate (test_data)")
         summary, pipe = train_pipeline(
             cfg,
             model=model,
@@ -210,6 +296,7 @@ def train(
             test_set=test_set,
             run_dir=run_dir,
             say=say,
+            loss_fn=loss_fn,
         )
         return RunResult(summary=summary, model=pipe.module, run_dir=run_dir)
 
@@ -287,13 +374,12 @@ def train(
         return path
 
     say(
-        f"hethpc: {size} rank(s), model {cfg.model}, {len(train_set)} train / {len(test_set)} test "
-        f"samples, global batch {cfg.batch_size}, {spe} steps per epoch, {total} steps, "
-        f"sync {cfg.sync}, "
-        f"batching {cfg.batching}, partition {cfg.partition}"
+        f"hethpc: {size} rank(s), model {cfg.model}, {len(train_set)} train / "
+        f"{len(test_set or ())} test samples, global batch {cfg.batch_size}, {spe} steps per "
+        f"epoch, {total} steps, sync {cfg.sync}, batching {cfg.batching}, partition "
+        f"{cfg.partition}"
     )
     metrics = open_run(run_dir, cfg.to_dict())
-    loss_fn = nn.CrossEntropyLoss()
     params = list(model.parameters())
     # BSP applies the same averaged gradient on every rank: non-finite steps are caught there,
     # without a per-step vote. Other policies step on local gradients and vote.
@@ -302,6 +388,10 @@ def train(
     seen = in_a_row = 0
     last_path: Path | None = None
     t0 = time.perf_counter()
+
+    def tick() -> None:
+        dog.kick(None, "evaluate")
+
     dog = Watchdog(
         cfg.watchdog_s, max_s=cfg.watchdog_max_s, heartbeat_dir=run_dir / "heartbeat",
         rank=rank, size=size,
@@ -367,7 +457,7 @@ def train(
                 seen += big_b
                 now = elapsed0 + time.perf_counter() - t0
                 with torch.no_grad():  # tensors, made numbers when the metrics are written
-                    acc = (out.argmax(1) == y).float().mean() if len(y) else float("nan")
+                    acc = accuracy(out, y) if classify and len(y) else float("nan")
                     metrics.write(
                         "step",
                         step=step,
@@ -385,9 +475,10 @@ def train(
                     )
                 if bar is not None:
                     if step % 20 == 0 or step + 1 == total:
+                        shown = {"acc": f"{float(acc):.2f}"} if classify else {}
                         bar.set_postfix(
                             loss=f"{float(loss.detach()):.3f}",
-                            acc=f"{float(acc):.2f}",
+                            **shown,
                             sps=f"{seen / (time.perf_counter() - t0):,.0f}",
                             refresh=False,
                         )
@@ -396,14 +487,14 @@ def train(
                 if epoch_done:
                     metrics.flush()
                 every = cfg.eval_every * spe
-                if epoch_done and rank == 0 and every and (step + 1) % every == 0:
-                    test_acc = evaluate(model, test_set, tick=lambda: dog.kick(None, "evaluate"))
-                    metrics.write(
-                        "epoch", step=step, epoch=step // spe, time=now, test_acc=test_acc
-                    )
+                evaluating = test_set is not None and every and (step + 1) % every == 0
+                if epoch_done and rank == 0 and evaluating:
+                    assert test_set is not None
+                    got = evaluate(model, test_set, metric=metric, tick=tick)
+                    metrics.write("epoch", step=step, epoch=step // spe, time=now, **{key: got})
                     msg = (
-                        f"epoch {(step + 1) // spe}/{cfg.epochs}  "
-                        f"test accuracy {100 * test_acc:.1f}%  ({now:.1f} s)"
+                        f"epoch {(step + 1) // spe}/{cfg.epochs}  {describe(key, got)}  "
+                        f"({now:.1f} s)"
                     )
                     if bar is not None:
                         bar.write(msg)
@@ -422,7 +513,9 @@ def train(
             last_path = checkpoint(total) if start < total or not ckpts.steps() else last_path
             dog.kick(total, "sync")
             parts.finish_policy(policy, model)
-            test_acc = evaluate(model, test_set, tick=lambda: dog.kick(None, "evaluate"))
+            score = None
+            if test_set is not None:
+                score = evaluate(model, test_set, metric=metric, tick=tick)
     finally:
         metrics.close()
         if guard is not None:
@@ -437,7 +530,7 @@ def train(
     }
     summary = {
         **policy_figures,
-        "test_acc": test_acc,
+        key: score,
         "time_s": elapsed,
         "steps": total,
         "synced_steps": synced,

@@ -14,7 +14,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import ReduceOp
-from hethpc.data import ArrayDataset, Loader, ShardedDataset
+from hethpc.data import ArrayDataset, Loader, ShardedDataset, to_inputs
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.metrics import open_run
@@ -65,7 +65,7 @@ def evaluate_pipeline(
     correct = 0
     pipe.module.eval()
     for i in range(0, len(data), batch):
-        x = torch.from_numpy(data.x[i : i + batch])
+        x = to_inputs(data.x[i : i + batch])  # scaled as in training
         out = pipe.forward(x)
         if out is not None:
             correct += int((out.argmax(1).cpu().numpy() == data.y[i : i + batch]).sum())
@@ -84,6 +84,7 @@ def train_pipeline(
     test_set: ArrayDataset,
     run_dir: Path,
     say: Callable[[str], None],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any], Pipeline]:
     """Train ``model`` cut into ``cfg.pipeline_stages`` stages; returns ``(summary, pipeline)``.
 
@@ -120,7 +121,7 @@ def train_pipeline(
         f"model {cfg.model}, global batch {cfg.batch_size}, {spe} steps per epoch, {total} steps"
     )
     metrics = open_run(run_dir, cfg.to_dict())
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
     losses: list[float] = []
     t0 = time.perf_counter()
     try:

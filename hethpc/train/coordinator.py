@@ -1,0 +1,168 @@
+"""hethpc in the user's own training loop: the batch size, the sync decision, the weights."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.sync import SyncRecord
+from hethpc.train import parts
+from hethpc.train.config import make_config
+from hethpc.train.guards import check_same_model, local_nonfinite, nonfinite_ranks
+
+
+class Coordinator:
+    """Added to a user's own loop, as Horovod's ``DistributedOptimizer`` is (create on every rank).
+
+    It owns what hethpc decides across ranks: how many samples this rank takes per step
+    (:attr:`batch_size`: equal shares, fixed ``weights``, or sized by measured throughput with
+    ``batching="dynamic"``, the global batch kept fixed), whether a step synchronises (``sync``:
+    BSP every step, SelSync on significant gradient changes, FedAvg every ``fedavg_period``
+    steps, or local only), and the weight of this rank's gradient in the average (its share of
+    the global batch, so the update is that of the whole global batch). The loop keeps its own
+    data, model, loss and optimizer::
+
+        coord = hethpc.Coordinator(model, opt, global_batch=256, sync="selsync",
+                                   batching="dynamic")
+        for step in range(steps):
+            x, y = next_batch(coord.batch_size)       # this rank's share of the global batch
+            coord.start()                             # times forward + backward
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            coord.step()                              # weigh, synchronise or not, opt.step()
+        coord.finish()                                # average replicas that diverged
+
+    Args:
+        model: this rank's replica; rank 0's weights are broadcast (``broadcast=True``).
+        optimizer: a plain optimizer over ``model``'s parameters (not wrapped by Horovod).
+        global_batch: samples per step over all ranks; never changes.
+        broadcast: start every rank from rank 0's weights.
+        skip_nonfinite: skip, on every rank alike, a step whose loss or gradients hold NaN or
+            Inf on any rank (one tiny collective per step).
+        device: the compute device (on CUDA the timer synchronises it).
+        **settings: named like :class:`~hethpc.train.TrainConfig`'s fields and validated
+            alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
+            ``fedavg_period``, ``batching``, ``weights``, ``batch_interval``, ``b_min``,
+            ``slowdown``, ``slowdown_mode``.
+
+    Raises:
+        ConfigError: a setting is invalid, naming it.
+        ModelMismatchError: the ranks' models differ.
+    """
+
+    _SETTINGS = frozenset({
+        "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "batching",
+        "weights", "batch_interval", "b_min", "slowdown", "slowdown_mode",
+    })  # fmt: skip
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        global_batch: int,
+        broadcast: bool = True,
+        skip_nonfinite: bool = True,
+        device: torch.device | str | None = None,
+        **settings: Any,
+    ) -> None:
+        unknown = sorted(set(settings) - self._SETTINGS)
+        if unknown:
+            from hethpc.train.config import ConfigError
+
+            raise ConfigError(
+                f"Coordinator got unknown setting(s) {unknown}; it takes {sorted(self._SETTINGS)}"
+            )
+        self.config = make_config(
+            {"batch_size": global_batch, **settings},
+            {k: f"Coordinator({k}=...)" for k in (*settings, "batch_size")},
+        )
+        comm.init()
+        self.model, self.optimizer = model, optimizer
+        self.skip_nonfinite = skip_nonfinite
+        check_same_model(model)
+        if broadcast:
+            comm.broadcast_model(model)
+        self.controller = parts.make_controller(
+            self.config, device=torch.device(device) if device is not None else None
+        )
+        self.policy = parts.make_policy(self.config)
+        self.steps = 0
+        self.skipped = 0
+        self._t0 = math.nan
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's batch for the next step."""
+        return int(self.controller.local_batch)
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        """Every rank's batch for the next step (the same on every rank; sums to the global)."""
+        return np.asarray(self.controller.batch_sizes)
+
+    def start(self) -> None:
+        """Start timing this step's compute; call just before the forward pass."""
+        self._t0 = time.perf_counter()
+
+    def step(self, loss: torch.Tensor | float | None = None) -> SyncRecord | None:
+        """Finish the step on every rank: weigh, synchronise as the policy says, step.
+
+        Call after ``loss.backward()``, on every rank, every step. Pass ``loss`` to have a
+        non-finite loss skip the step too.
+
+        Returns:
+            The policy's record of the step, or None when it was skipped (NaN/Inf).
+        """
+        step = self.steps
+        compute_s = (
+            self.controller.timer_stop(self._t0, step=step) if math.isfinite(self._t0) else math.nan
+        )
+        self._t0 = math.nan
+        record: SyncRecord | None = None
+        params = list(self.model.parameters())
+        bad = (
+            nonfinite_ranks(
+                local_nonfinite(0.0 if loss is None else loss, (p.grad for p in params))
+            )
+            if self.skip_nonfinite
+            else []
+        )
+        if bad:
+            self.optimizer.zero_grad()
+            self.skipped += 1
+        else:
+            sizes = self.batch_sizes
+            weight = float(sizes[comm.rank()]) / float(sizes.sum())
+            record = self.policy.step(
+                self.model, self.optimizer, weight=weight, compute_s=compute_s
+            )
+        self.controller.update(step=step, compute_s=compute_s)
+        self.steps += 1
+        return record
+
+    def finish(self) -> None:
+        """Average replicas that diverged (SelSync, FedAvg, local); a no-op under BSP."""
+        parts.finish_policy(self.policy, self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The batch sizes, the policy's trackers and the step count, for a checkpoint."""
+        return {
+            "steps": self.steps,
+            "skipped": self.skipped,
+            "controller": self.controller.state_dict(),
+            "policy": self.policy.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (on the same number of ranks)."""
+        self.steps, self.skipped = int(state["steps"]), int(state["skipped"])
+        self.controller.load_state_dict(state["controller"])
+        self.policy.load_state_dict(state["policy"])

@@ -1,0 +1,102 @@
+"""The high-level entry: train your own model on your own data, every capability a setting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.data import ArrayDataset, as_dataset
+from hethpc.train.config import ConfigError, TrainConfig, make_config
+from hethpc.train.loop import Metric, RunResult, accuracy, run_training, sample_shape, start_run
+from hethpc.train.losses import LOSSES, Loss, mse
+
+
+def _regression(data: Any) -> bool:
+    labels = data.y if isinstance(data, ArrayDataset) else getattr(data, "labels", None)
+    return labels is not None and np.issubdtype(np.asarray(labels[:1]).dtype, np.floating)
+
+
+def fit(
+    model: nn.Module,
+    train_data: Any,
+    *,
+    test_data: Any = None,
+    loss: Loss | None = None,
+    metric: Metric | None = None,
+    config: TrainConfig | None = None,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+    **settings: Any,
+) -> RunResult:
+    """Train ``model`` on ``train_data`` across every rank of the job (call it on every rank).
+
+    The same loop as ``jobs/train.py``: per-rank batch sizes, the sync policy, partitions,
+    injection, checkpoints and ``resume``, the guards and the watchdog, progress and per-rank
+    metrics in the run directory. Rank 0's initial weights are broadcast, so every rank may
+    build the model with its own seed.
+
+    Args:
+        model: any ``nn.Module`` (an ``nn.Sequential`` with ``pipeline_stages > 1``); its
+            parameters must be the same shapes on every rank.
+        train_data: ``(x, y)`` numpy arrays or tensors, a map-style ``torch`` Dataset of
+            ``(x, y)`` items, an HDF5 shard directory (``data_tools/convert.py``), or a hethpc
+            dataset. Integer ``y`` are class labels, floating-point ``y`` regression targets.
+            uint8 samples are scaled to ``[0, 1]``, in training and evaluation alike.
+        test_data: the same forms; evaluated with ``metric`` (rank 0, at epoch ends as
+            ``eval_every`` says, and at the end); None: no evaluation.
+        loss: ``loss(model(x), y)`` -> scalar batch mean; default cross-entropy for labels,
+            mean squared error for regression targets.
+        metric: ``metric(model(x), y)`` -> batch mean; default accuracy for labels, mean
+            squared error for targets. The summary holds it as ``test_<name>``
+            (``test_acc`` for accuracy).
+        config: the settings; or give them as keywords (``batch_size=256, sync="selsync"``),
+            named like :class:`~hethpc.train.TrainConfig`'s fields and validated alike.
+        overwrite: a fresh run may replace an earlier hethpc run in ``run_dir``.
+        log: where rank 0's messages go.
+
+    Returns:
+        The run's summary, the trained model (replicas averaged) and its run directory.
+
+    Raises:
+        ConfigError: an invalid setting (named), or settings that differ across ranks.
+        DatasetError: data of an unsupported form, or malformed.
+    """
+    if config is not None and settings:
+        raise ConfigError(
+            f"give the settings either as config= or as keywords, not both ({sorted(settings)})"
+        )
+    if config is None:
+        settings.setdefault("model", f"{type(model).__module__}:{type(model).__qualname__}")
+        settings.setdefault("progress", True)
+        cfg = make_config(settings, {k: f"fit({k}=...)" for k in settings})
+    else:
+        cfg = config
+    comm.init()
+    run_dir = start_run(cfg, overwrite=overwrite, log=log)
+    train_set = as_dataset(train_data, name="train_data")
+    test_set = as_dataset(test_data, name="test_data") if test_data is not None else None
+    if test_set is not None and not isinstance(test_set, ArrayDataset):
+        x, y = test_set.read(np.arange(len(test_set)))
+        test_set = ArrayDataset(np.asarray(x), np.asarray(y), int(test_set.num_classes))
+    regression = _regression(train_set)
+    if regression and cfg.partition in ("labels", "dirichlet"):
+        raise ConfigError(
+            f"partition = {cfg.partition!r} splits by class label, but train_data has "
+            "floating-point regression targets; use partition 'iid' or 'seldp'"
+        )
+    loss_fn = (
+        loss if loss is not None else (LOSSES["mse"]() if regression else nn.CrossEntropyLoss())
+    )
+    chosen = metric if metric is not None else (mse if regression else accuracy)
+    if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
+        with torch.no_grad():  # materialise lazy layers before the ranks compare shapes
+            model(torch.zeros(2, *sample_shape(train_set)))
+    return run_training(
+        cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=loss_fn, metric=chosen,
+        log=log,
+    )  # fmt: skip

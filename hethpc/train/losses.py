@@ -1,0 +1,60 @@
+"""Losses by name (``--loss``): the built-in ones, or the user's by import path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from hethpc.models import ImportSpecError, import_object
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _same_shape(loss: Loss) -> Loss:
+    # A model with one output per sample gives [n, 1] against targets [n]: broadcasting would
+    # silently compare every pair, so the output takes the targets' shape when sizes agree.
+    def call(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if out.shape != y.shape and out.numel() == y.numel():
+            out = out.reshape(y.shape)
+        return loss(out, y)
+
+    return call
+
+
+LOSSES: dict[str, Callable[[], Loss]] = {
+    "cross_entropy": nn.CrossEntropyLoss,
+    "mse": lambda: _same_shape(nn.MSELoss()),
+    "l1": lambda: _same_shape(nn.L1Loss()),
+    "smooth_l1": lambda: _same_shape(nn.SmoothL1Loss()),
+}
+
+
+def make_loss(name: str) -> Loss:
+    """A loss by built-in name (:data:`LOSSES`) or ``package.module:factory`` / ``file.py:factory``.
+
+    A factory is called without arguments and returns ``loss(output, target) -> scalar``
+    (an ``nn.Module`` such as ``nn.HuberLoss`` works as its own factory).
+
+    Raises:
+        ImportSpecError: the name is neither built in nor an import path that loads.
+    """
+    if name in LOSSES:
+        return LOSSES[name]()
+    if ":" not in name:
+        raise ImportSpecError(
+            f"unknown loss {name!r}; choose one of {sorted(LOSSES)} or give your own as "
+            "'package.module:factory'"
+        )
+    made = import_object(name, what="loss")()
+    if not callable(made):
+        raise ImportSpecError(f"loss {name!r} made a {type(made).__name__}, which is not callable")
+    return made
+
+
+def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean squared error, the default metric for regression targets."""
+    if out.shape != y.shape and out.numel() == y.numel():
+        out = out.reshape(y.shape)
+    return torch.mean((out.float() - y.float()) ** 2)

@@ -1,0 +1,141 @@
+"""The public API in one process: fit() on the user's data, models and losses by import path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hethpc
+from hethpc.data import ArrayDataset, DatasetError, as_dataset
+from hethpc.models import ImportSpecError, ModelError, build_model
+from hethpc.train import evaluate, make_loss
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import train as train_job  # noqa: E402
+
+
+def _blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(0, 0.3, (n, 4)).astype(np.float32) + np.eye(4, dtype=np.float32)[y]
+    return x, y
+
+
+def test_fit_trains_a_users_classifier_on_a_torch_dataset(tmp_path: Path) -> None:
+    x, y = _blobs(600)
+    data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    result = hethpc.fit(model, data, test_data=_blobs(200, seed=1), batch_size=32, epochs=3,
+                        run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    assert result.summary["test_acc"] > 0.9, result.summary
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_fit_trains_a_regression_with_the_users_loss_and_metric(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.05 * rng.normal(size=500)).astype(
+        np.float32
+    )
+
+    def mae(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (out.reshape(target.shape) - target).abs().mean()
+
+    result = hethpc.fit(nn.Linear(3, 1), (x[:400], y[:400]), test_data=(x[400:], y[400:]),
+                        loss=make_loss("mse"), metric=mae, batch_size=20, epochs=5, lr=0.05,
+                        run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    assert result.summary["test_mae"] < 0.15, result.summary
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ((np.zeros((3, 2)), np.zeros(4)), r"x has shape \(3, 2\) and y \(4,\)"),
+        ((np.zeros((3, 2)), np.array([0, -1, 2])), "class labels must be 0 or more"),
+        ((np.full((3, 2), np.nan), np.zeros(3, np.int64)), "x holds NaN"),
+        ([1, 2, 3], "item 0 is a int, expected an \\(x, y\\) pair"),
+        (42, "got a int; expected"),
+    ],
+    ids=["lengths", "negative-label", "nan", "not-pairs", "no-form"],
+)
+def test_data_of_the_wrong_form_is_named(data: object, match: str) -> None:
+    with pytest.raises(DatasetError, match=match):
+        as_dataset(data, name="train_data")
+
+
+def test_fit_refuses_unknown_and_invalid_settings(tmp_path: Path) -> None:
+    with pytest.raises(hethpc.ConfigError, match="unknown setting"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), batch_szie=8)
+    with pytest.raises(hethpc.ConfigError, match=r"lr = nan.*fit\(lr=...\)"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), lr=float("nan"))
+
+
+def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
+    x, y = _blobs(100)
+    raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)
+    model = nn.Sequential(nn.Linear(4, 3))
+    as_uint8 = evaluate(model, ArrayDataset(raw, y, 3))
+    as_float = evaluate(model, ArrayDataset(raw.astype(np.float32) / 255, y, 3))
+    assert as_uint8 == as_float
+
+
+def _factory_file(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "mymodels.py"
+    p.write_text("from torch import nn\n" + body)
+    return p
+
+
+def test_a_model_factory_from_a_file_gets_shape_and_classes(tmp_path: Path) -> None:
+    p = _factory_file(tmp_path, "def make(shape, classes):\n    return nn.Linear(shape[0], classes)\n")
+    model = build_model(f"{p}:make", (7,), 4)
+    assert isinstance(model, nn.Linear) and (model.in_features, model.out_features) == (7, 4)
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "match"),
+    [
+        ("nosuchmodel", ImportSpecError, "unknown model 'nosuchmodel'"),
+        ("no_such_package.mod:make", ImportSpecError, "cannot import no_such_package.mod"),
+        ("/nonexistent/m.py:make", ImportSpecError, "there is no file /nonexistent/m.py"),
+        ("FILE:nothere", ImportSpecError, "has no attribute 'nothere'"),
+        ("FILE:wrong_args", ModelError, r"must accept \(input_shape, num_classes\)"),
+        ("FILE:not_a_model", ModelError, "returned a int, not an nn.Module"),
+    ],
+    ids=["unknown-name", "no-module", "no-file", "no-attribute", "bad-signature", "not-module"],
+)
+def test_model_specs_that_do_not_load_are_named(
+    tmp_path: Path, spec: str, error: type[Exception], match: str
+) -> None:
+    p = _factory_file(tmp_path, "def wrong_args():\n    pass\ndef not_a_model(s, c):\n    return 3\n")
+    with pytest.raises(error, match=match):
+        build_model(spec.replace("FILE", str(p)), (4,), 3)
+
+
+def test_losses_by_name_and_by_import_path() -> None:
+    out, y = torch.zeros(4, 1), torch.ones(4)
+    assert float(make_loss("mse")(out, y)) == 1.0  # [4, 1] against [4]: no broadcasting
+    assert isinstance(make_loss("torch.nn:HuberLoss"), nn.HuberLoss)
+    with pytest.raises(ImportSpecError, match="unknown loss 'hinge'"):
+        make_loss("hinge")
+
+
+def test_the_cli_takes_a_model_by_file_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = _factory_file(
+        tmp_path, "def make(shape, classes):\n    return nn.Sequential(nn.Flatten(), "
+        "nn.Linear(shape[-1], classes))\n",
+    )  # fmt: skip
+    argv = ["--samples", "600", "--batch-size", "50", "--max-steps", "5", "--progress", "false",
+            "--cache-dir", str(tmp_path / "cache"), "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert train_job.main([*argv, "--model", f"{p}:make"]) == 0
+    with pytest.raises(SystemExit) as e:
+        train_job.main([*argv[:-1], str(tmp_path / "run2"), "--model", f"{p}:missing"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "has no attribute 'missing'" in err and "Traceback" not in err
