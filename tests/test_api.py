@@ -91,7 +91,9 @@ def _factory_file(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_model_factory_from_a_file_gets_shape_and_classes(tmp_path: Path) -> None:
-    p = _factory_file(tmp_path, "def make(shape, classes):\n    return nn.Linear(shape[0], classes)\n")
+    p = _factory_file(
+        tmp_path, "def make(shape, classes):\n    return nn.Linear(shape[0], classes)\n"
+    )
     model = build_model(f"{p}:make", (7,), 4)
     assert isinstance(model, nn.Linear) and (model.in_features, model.out_features) == (7, 4)
 
@@ -111,7 +113,9 @@ def test_a_model_factory_from_a_file_gets_shape_and_classes(tmp_path: Path) -> N
 def test_model_specs_that_do_not_load_are_named(
     tmp_path: Path, spec: str, error: type[Exception], match: str
 ) -> None:
-    p = _factory_file(tmp_path, "def wrong_args():\n    pass\ndef not_a_model(s, c):\n    return 3\n")
+    p = _factory_file(
+        tmp_path, "def wrong_args():\n    pass\ndef not_a_model(s, c):\n    return 3\n"
+    )
     with pytest.raises(error, match=match):
         build_model(spec.replace("FILE", str(p)), (4,), 3)
 

@@ -141,7 +141,7 @@ def test_inspect_verify_partition_and_plot(
     assert convert.main(["synthetic", "--samples", "400", "--out", str(tmp_path / "s")]) == 0
     ds = tmp_path / "s" / "train"
     png = tmp_path / "h.png"
-    assert inspect_dataset.main([str(ds), "--verify", "--partitioner", "label_skew",
+    assert inspect_dataset.main([str(ds), "--verify", "--partition", "labels",
                                  "--labels-per-rank", "5", "--world-size", "2",
                                  "--plot", str(png)]) == 0
     out = capsys.readouterr().out
@@ -149,7 +149,7 @@ def test_inspect_verify_partition_and_plot(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     shard = next(ds.glob("shard-*.h5"))
     shard.write_bytes(shard.read_bytes()[:-100])
-    assert inspect_dataset.main([str(ds), "--verify"]) == 1
+    assert inspect_dataset.main([str(ds), "--verify"]) == 2
     assert shard.name in capsys.readouterr().err
 
 

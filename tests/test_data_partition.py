@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,11 +83,64 @@ def test_label_skew_holds_k_labels(k: int, n: int, expected: list[list[int]]) ->
         assert sorted(set(LABELS[idx].tolist())) == expected[r]
 
 
-def test_label_skew_fewer_slots_than_labels_leaves_labels_out() -> None:
-    parts = LabelSkewPartitioner(labels_per_rank=1).all_indices(LABELS, 3, 0)
-    held = np.concatenate(parts)
-    assert set(LABELS[held].tolist()) == {0, 1, 2}
-    assert len(held) == int(np.isin(LABELS, [0, 1, 2]).sum())
+# (k, ranks, the classes named, the smallest k that covers all 10 classes on that many ranks)
+UNCOVERED = [
+    (2, 2, "classes [4, 5, 6, 7, 8, 9]", 5),
+    (1, 3, "classes [3, 4, 5, 6, 7, 8, 9]", 4),
+    (3, 3, "class 9", 4),
+    (1, 9, "class 9", 2),
+    (1, 1, "classes [1, 2, 3, 4, 5, 6, 7, 8, 9]", 10),
+]
+UNCOVERED_IDS = [f"k{k}-n{n}" for k, n, _, _ in UNCOVERED]
+
+
+@pytest.mark.parametrize(("k", "n", "classes", "fix"), UNCOVERED, ids=UNCOVERED_IDS)
+def test_label_skew_refuses_classes_on_no_rank(k: int, n: int, classes: str, fix: int) -> None:
+    ranks = f"{n} rank" + ("" if n == 1 else "s")
+    lost = int(np.isin(LABELS, range(n * k, 10)).sum())
+    match = (rf"labels_per_rank={k} on {ranks} leaves {re.escape(classes)} on no rank "
+             rf"\({lost} of 1000 samples would never be trained on\); --labels-per-rank {fix} "
+             rf"or more covers all 10 classes on {ranks}, or pass allow_uncovered=True")
+    with pytest.raises(PartitionError, match=match):
+        LabelSkewPartitioner(labels_per_rank=k).all_indices(LABELS, n, 0)
+    with pytest.raises(PartitionError, match=match):
+        make_partitioner("label_skew", labels_per_rank=k).indices(LABELS, n, 0, 0)
+    # The k it names is the smallest that covers every class.
+    LabelSkewPartitioner(labels_per_rank=fix).all_indices(LABELS, n, 0)
+    if fix > 1:
+        with pytest.raises(PartitionError, match="on no rank"):
+            LabelSkewPartitioner(labels_per_rank=fix - 1).all_indices(LABELS, n, 0)
+
+
+@pytest.mark.parametrize(("k", "n", "classes", "fix"), UNCOVERED, ids=UNCOVERED_IDS)
+def test_label_skew_allow_uncovered_leaves_them_out(k: int, n: int, classes: str, fix: int) -> None:
+    held_labels = set(range(n * k))
+    for part in (LabelSkewPartitioner(labels_per_rank=k, allow_uncovered=True),
+                 make_partitioner("label_skew", labels_per_rank=k, allow_uncovered=True)):
+        held = np.concatenate(part.all_indices(LABELS, n, 0))
+        assert set(LABELS[held].tolist()) == held_labels
+        assert len(held) == len(np.unique(held)) == int(np.isin(LABELS, list(held_labels)).sum())
+
+
+def test_label_skew_ignores_classes_without_samples() -> None:
+    labels = LABELS % 4  # classes 4..9 of 10 have no samples: nothing to leave out
+    parts = LabelSkewPartitioner(labels_per_rank=1, num_classes=10).all_indices(labels, 4, 0)
+    assert [sorted(set(labels[p].tolist())) for p in parts] == [[0], [1], [2], [3]]
+
+
+def test_label_skew_refuses_labels_outside_num_classes() -> None:
+    with pytest.raises(PartitionError, match=r"labels \[8, 9\] are outside 0..7 \(num_classes=8\)"):
+        LabelSkewPartitioner(labels_per_rank=4, num_classes=8).all_indices(LABELS, 2, 0)
+
+
+@pytest.mark.parametrize("alpha", [0.001, 0.05, 0.5], ids=lambda a: f"alpha-{a}")
+@pytest.mark.parametrize("seed", range(5), ids=lambda s: f"seed-{s}")
+def test_dirichlet_leaves_no_class_on_no_rank(alpha: float, seed: int) -> None:
+    # A class of one sample, and shares so skewed that most classes sit on one rank (assign,
+    # not all_indices: a rank may get nothing here, which all_indices would refuse).
+    labels = np.concatenate([LABELS[:200], [10]])
+    parts = DirichletPartitioner(alpha=alpha, min_size=0).assign(labels, 8, seed)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
 
 
 def test_dirichlet_alpha_controls_skew() -> None:
@@ -107,7 +162,9 @@ BAD = [
      "fewer than min_size=200 samples in 3 draws"),
     ("dirichlet-alpha", lambda: DirichletPartitioner(alpha=0.0), "alpha must be > 0"),
     ("k-too-large", lambda: LabelSkewPartitioner(labels_per_rank=11).indices(LABELS, 2, 0, 0),
-     "exceeds the 10 classes"),
+     "exceeds the 10 classes of the dataset; use at most 10"),
+    ("dirichlet-covers-always", lambda: make_partitioner("dirichlet", allow_uncovered=True),
+     r"does not take \['allow_uncovered'\]"),
     ("rank-out-of-range", lambda: IIDPartitioner().indices(LABELS, 2, 2, 0), "rank 2 is outside"),
     ("unknown-name", lambda: make_partitioner("random"), "unknown partitioner 'random'"),
     ("bad-setting", lambda: make_partitioner("iid", alpha=1), "does not take"),
@@ -123,4 +180,7 @@ def test_bad_input(name: str, call: object, match: str) -> None:
 def test_make_partitioner_by_name() -> None:
     p = make_partitioner("label-skew", labels_per_rank=2)
     assert isinstance(p, LabelSkewPartitioner) and p.labels_per_rank == 2
+    assert p.allow_uncovered is False
+    p = make_partitioner("label_skew", labels_per_rank=2, allow_uncovered=True)
+    assert isinstance(p, LabelSkewPartitioner) and p.allow_uncovered is True
     assert isinstance(make_partitioner("dirichlet", alpha=0.3, min_size=1), DirichletPartitioner)

@@ -62,7 +62,14 @@ class TrainConfig:
     partition: str = _f(
         "iid", "how samples map to ranks", choices=("iid", "seldp", "labels", "dirichlet")
     )
-    labels_per_rank: int = _f(2, "labels each rank holds with --partition labels")
+    labels_per_rank: int = _f(
+        2,
+        "labels each rank holds with --partition labels (ranks x labels must cover every "
+        "class, unless --allow-uncovered)",
+    )
+    allow_uncovered: bool = _f(
+        False, "--partition labels may leave classes on no rank (they are never trained on)"
+    )
     dirichlet_alpha: float = _f(0.5, "concentration with --partition dirichlet (small = skewed)")
     inject_alpha: float = _f(0.0, "data injection: fraction of ranks that send samples each step")
     inject_beta: float = _f(0.0, "data injection: fraction of a sender's batch that is sent")

@@ -44,7 +44,7 @@ def make_loader(
             prefetch=prefetch,
         )
     kw: dict[str, Any] = (
-        {"labels_per_rank": cfg.labels_per_rank}
+        {"labels_per_rank": cfg.labels_per_rank, "allow_uncovered": cfg.allow_uncovered}
         if cfg.partition == "labels"
         else {"alpha": cfg.dirichlet_alpha}
     )

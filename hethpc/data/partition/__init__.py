@@ -22,6 +22,12 @@ PARTITIONERS: dict[str, type[Partitioner]] = {
 def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
     """Build a partitioner by name (``iid``, ``seldp``, ``label_skew``, ``dirichlet``).
 
+    Args:
+        name: a key of :data:`PARTITIONERS`; ``-`` may stand for ``_`` (``label-skew``).
+        **kwargs: the partitioner's keyword settings, passed through unchanged, e.g.
+            ``labels_per_rank``, ``num_classes`` and ``allow_uncovered`` for ``label_skew``,
+            ``alpha`` and ``min_size`` for ``dirichlet``.
+
     Raises:
         PartitionError: unknown name, or settings the partitioner does not take.
     """

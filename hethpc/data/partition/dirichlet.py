@@ -11,7 +11,9 @@ from hethpc.data.partition.base import Partitioner
 class DirichletPartitioner(Partitioner):
     """For each label, the fractions of its samples given to the ``N`` ranks are drawn from
     ``Dirichlet(alpha * ones(N))``; small ``alpha`` gives skewed shares, large ``alpha`` nearly
-    IID ones. Shares are disjoint and their union is the whole dataset.
+    IID ones. Shares are disjoint and their union is the whole dataset: every sample of every
+    label goes to some rank, so unlike :class:`LabelSkewPartitioner` no label can be left on no
+    rank, however small ``alpha`` (it takes no ``allow_uncovered``).
 
     A draw whose smallest share is below ``min_size`` is redrawn, at most ``max_retries`` times.
 
