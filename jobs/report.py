@@ -52,10 +52,14 @@ def _col(recs: list[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def plot_curves(runs: list[dict[str, Any]], out: Path) -> list[Path]:
-    """Loss (rank 0, smoothed) and test accuracy, against steps and against time."""
+    """Loss (the first rank that computes it, smoothed) and test accuracy, against steps and time.
+
+    With pipeline stages only the last stage computes the loss: its file is read.
+    """
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for run in runs:
-        r0 = run["steps"][0]
+        with_loss = [recs for recs in run["steps"] if any(r.get("loss") is not None for r in recs)]
+        r0 = with_loss[0] if with_loss else run["steps"][0]
         step, t, loss = _col(r0, "step"), _col(r0, "time"), _col(r0, "loss")
         k = min(10, max(1, len(loss) // 10))
         axes[0, 0].plot(step[k - 1 :], _smooth(loss, k), label=run["name"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.train.watchdog import EXIT_CODE, Peer, culprits, stall_limit
+from hethpc.train.watchdog import Peer, culprits, stall_limit
 
 
 @pytest.mark.parametrize(
@@ -47,6 +47,18 @@ def _python(code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess
     return proc, time.perf_counter() - t0
 
 
+def test_a_process_stopped_by_sigstop_is_named_by_its_own_monitor(tmp_path: Path) -> None:
+    code = (
+        "import os, signal, time\nfrom hethpc.train import Watchdog\n"
+        f"with Watchdog(1.0, heartbeat_dir={str(tmp_path)!r}) as w:\n"
+        "    w.kick(2, 'compute')\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    proc, took = _python(code)
+    assert proc.returncode == -9, proc.stderr
+    assert "Stalled: rank 0" in proc.stderr and "stopped (SIGSTOP" in proc.stderr, proc.stderr
+    assert took < 20
+
+
 def test_a_stalled_process_ends_naming_step_and_phase(tmp_path: Path) -> None:
     code = (
         "import time\nfrom hethpc.train import Watchdog\n"
@@ -54,7 +66,7 @@ def test_a_stalled_process_ends_naming_step_and_phase(tmp_path: Path) -> None:
         "    w.kick(4, 'compute')\n    time.sleep(60)\n"
     )
     proc, took = _python(code)
-    assert proc.returncode == EXIT_CODE, proc.stderr
+    assert proc.returncode == -9, proc.stderr  # killed by its monitor
     assert "no progress for 1 s" in proc.stderr and "at step 4, compute" in proc.stderr
     assert took < 20
     assert (tmp_path / "rank0.json").exists() and (tmp_path / "stacks-rank0.txt").exists()

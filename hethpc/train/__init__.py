@@ -14,6 +14,7 @@ from hethpc.train.config import (
     toml_sources,
 )
 from hethpc.train.coordinator import Coordinator
+from hethpc.train.evaluation import accuracy, evaluate
 from hethpc.train.faults import Fault
 from hethpc.train.fit import fit
 from hethpc.train.guards import (
@@ -24,7 +25,7 @@ from hethpc.train.guards import (
     model_signature,
     nonfinite_ranks,
 )
-from hethpc.train.loop import RunResult, accuracy, evaluate, train
+from hethpc.train.loop import RunResult, train
 from hethpc.train.losses import LOSSES, make_loss
 from hethpc.train.metrics import MetricsWriter, read_metrics
 from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,13 @@ from hethpc.data import (
     ShardedDataset,
     load_mnist1d,
     open_dataset_shared,
-    to_inputs,
-    to_targets,
 )
 from hethpc.models import build_model
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
 from hethpc.train.config import ConfigError, TrainConfig, check_same_config, resume_differences
+from hethpc.train.engine import check_pipeline_config, make_engine
+from hethpc.train.evaluation import Metric, accuracy, metric_key
 from hethpc.train.faults import Fault, apply_faults
 from hethpc.train.guards import (
     AveragedGradientGuard,
@@ -39,7 +40,6 @@ from hethpc.train.guards import (
 )
 from hethpc.train.losses import make_loss
 from hethpc.train.metrics import open_run
-from hethpc.train.pipeline_loop import check_pipeline_config, train_pipeline
 from hethpc.train.rng import seed_rank
 from hethpc.train.rundir import RunDirError, claim, next_run_dir
 from hethpc.train.state import Pieces, gather_state, restore_state
@@ -112,48 +112,6 @@ def make_optimizer(
     else:
         factor = lambda s: 1.0  # noqa: E731
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def accuracy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The fraction of rows of ``out`` ``[n, classes]`` whose largest entry is at label ``y``."""
-    return (out.argmax(1) == y).float().mean()
-
-
-def metric_key(metric: Metric) -> str:
-    """The summary key of a metric: ``test_acc`` for :func:`accuracy`, else ``test_<name>``."""
-    if metric is accuracy:
-        return "test_acc"
-    return "test_" + getattr(metric, "__name__", type(metric).__name__).lower()
-
-
-def evaluate(
-    model: nn.Module,
-    data: ArrayDataset,
-    *,
-    metric: Metric = accuracy,
-    batch: int = 2048,
-    tick: Callable[[], None] | None = None,
-) -> float:
-    """``metric`` of ``model`` on all of ``data`` (batch means weighted by batch size).
-
-    Samples go through :func:`~hethpc.data.to_inputs`, as in training (uint8 scaled to [0, 1]).
-    ``tick`` is called after every batch.
-    """
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        device = next(model.parameters()).device
-        for i in range(0, len(data), batch):
-            if tick is not None:
-                tick()
-            x = to_inputs(data.x[i : i + batch]).to(device)
-            y = to_targets(data.y[i : i + batch]).to(device)
-            total += float(metric(model(x), y)) * len(y)
-    model.train()
-    return total / max(len(data), 1)
 
 
 def describe(key: str, score: float) -> str:
@@ -282,39 +240,19 @@ def run_training(
     key = metric_key(metric)
     classify = metric is accuracy
     check_same_model(model)
-    comm.broadcast_model(model)
-    if cfg.pipeline_stages > 1:
-        if not isinstance(model, nn.Sequential):
-            raise ConfigError(f"--model {cfg.model} cannot be cut into pipeline stages")
-        if test_set is None:
-            raise ConfigError("pipeline runs need test data to evaluate (test_data)")
-        summary, pipe = train_pipeline(
-            cfg,
-            model=model,
-            make_optimizer=lambda m, n: make_optimizer(cfg, m, n),
-            train_set=train_set,
-            test_set=test_set,
-            run_dir=run_dir,
-            say=say,
-            loss_fn=loss_fn,
-        )
-        return RunResult(summary=summary, model=pipe.module, run_dir=run_dir)
-
-    # Data parallel: each rank trains on the GPU of its local rank when there is one.
-    device = (
-        torch.device(f"cuda:{comm.local_rank() % torch.cuda.device_count()}")
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
-    model.to(device)
-    loader = parts.make_loader(cfg, train_set, rank=rank, world_size=size)
+    comm.broadcast_model(model)  # the whole model, before a pipeline cuts it into stages
+    engine = make_engine(cfg, model)
+    module = engine.module
+    if test_set is None and engine.collective_eval:
+        raise ConfigError("pipeline runs need test data to evaluate (test_data)")
+    loader = parts.make_loader(cfg, train_set, rank=engine.replica, world_size=engine.replicas)
     partition_lengths = (
         None
         if cfg.partition in ("iid", "seldp")
-        else np.asarray(comm.allgather_object(loader.length))
+        else np.asarray(comm.allgather_object(loader.length))[engine.replica_leaders]
     )
-    controller = parts.make_controller(cfg, device=device)
-    policy = parts.make_policy(cfg)
+    controller = parts.make_controller(cfg, device=engine.device, group=engine.group)
+    policy = parts.make_policy(cfg, group=engine.group)
     injector = parts.make_injector(cfg)
     spe = int(
         comm.allreduce_array(np.array([loader.steps_per_epoch(cfg.batch_size)]), ReduceOp.MIN)[0]
@@ -324,8 +262,8 @@ def run_training(
             f"--batch-size {cfg.batch_size} is larger than the training set of {len(train_set)}"
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
-    optimizer, scheduler = make_optimizer(cfg, model, total)
-    pieces = Pieces(model, optimizer, scheduler, loader, controller, policy)
+    optimizer, scheduler = make_optimizer(cfg, module, total)
+    pieces = Pieces(module, optimizer, scheduler, loader, controller, policy)
 
     start, elapsed0 = 0, 0.0
     synced = skipped = 0  # the job's own counts, carried across a resume
@@ -333,6 +271,9 @@ def run_training(
     if cfg.resume:
         found = ckpts.load_latest() if rank == 0 else None
         changed = resume_differences(found[1]["config"], cfg) if found is not None else []
+        if found is not None and engine.saves_own_state and found[1]["world_size"] != size:
+            changed.append(f"world size: {found[1]['world_size']} -> {size} (pipeline stages "
+                           "resume only on the same layout)")  # fmt: skip
         if changed:
             found = None  # not broadcast: every rank raises below
         found, changed = comm.broadcast_object((found, changed))
@@ -342,7 +283,7 @@ def run_training(
                 + "; ".join(changed)
                 + ". Resume with the checkpoint's settings, or allow the change with "
                 + "--resume-changes "
-                + ",".join(c.split(":")[0] for c in changed)
+                + ",".join(c.split(":")[0] for c in changed if not c.startswith("world size"))
             )
         if found is None:
             say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
@@ -355,7 +296,9 @@ def run_training(
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {start}{how}")
 
-    replicas_differ = cfg.sync != "bsp"
+    # Each rank saves its own model and optimizer state when replicas may differ, or when each
+    # rank holds a different pipeline stage.
+    own_state = cfg.sync != "bsp" or engine.saves_own_state
 
     def checkpoint(step: int) -> Path | None:
         metrics.flush()  # the records up to a checkpoint are on disk before it is
@@ -365,7 +308,7 @@ def run_training(
             step=step,
             elapsed_s=elapsed0 + time.perf_counter() - t0,
             config=cfg.to_dict(),
-            replicas_differ=replicas_differ,
+            replicas_differ=own_state,
             counters={"synced": synced, "skipped": skipped},
         )
         path = ckpts.save(state, step) if state is not None else None
@@ -374,18 +317,21 @@ def run_training(
         return path
 
     say(
-        f"hethpc: {size} rank(s), model {cfg.model}, {len(train_set)} train / "
+        f"hethpc: {engine.describe()}, model {cfg.model}, {len(train_set)} train / "
         f"{len(test_set or ())} test samples, global batch {cfg.batch_size}, {spe} steps per "
         f"epoch, {total} steps, sync {cfg.sync}, batching {cfg.batching}, partition "
         f"{cfg.partition}"
     )
     metrics = open_run(run_dir, cfg.to_dict())
-    params = list(model.parameters())
-    # BSP applies the same averaged gradient on every rank: non-finite steps are caught there,
-    # without a per-step vote. Other policies step on local gradients and vote.
-    guard = AveragedGradientGuard(optimizer) if cfg.sync == "bsp" else None
+    params = list(module.parameters())
+    # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
+    # caught there, without a per-step vote. Other policies, and pipelines, vote.
+    bsp_guard = cfg.sync == "bsp" and not engine.saves_own_state
+    guard = AveragedGradientGuard(optimizer) if bsp_guard else None
     bar = _progress(total, start, cfg.progress and rank == 0)
     seen = in_a_row = 0
+    first_loss: torch.Tensor | None = None
+    last_losses: deque[torch.Tensor] = deque(maxlen=10)
     last_path: Path | None = None
     t0 = time.perf_counter()
 
@@ -401,9 +347,9 @@ def run_training(
             for step in range(start, total):
                 dog.kick(step, "data")
                 sizes = np.asarray(controller.batch_sizes)
-                b, big_b = int(sizes[rank]), int(sizes.sum())
+                b, big_b = int(sizes[engine.replica]), int(sizes.sum())
                 weight = parts.gradient_weight(
-                    cfg.partition, rank=rank, batch_sizes=sizes,
+                    cfg.partition, rank=engine.replica, batch_sizes=sizes,
                     partition_lengths=partition_lengths,
                 )  # fmt: skip
                 ask = (
@@ -414,30 +360,32 @@ def run_training(
                 x, y = loader.next_batch(ask)
                 if injector is not None:
                     x, y = injector.exchange(x, y, step)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 dog.kick(step, "compute")
                 tc = time.perf_counter()
-                out = model(x)
-                loss = apply_faults(tuple(faults), rank=rank, step=step, loss=loss_fn(out, y))
-                optimizer.zero_grad()
-                loss.backward()
+
+                def poison(value: torch.Tensor, step: int = step) -> torch.Tensor:
+                    return apply_faults(tuple(faults), rank=rank, step=step, loss=value)
+
+                loss, out = engine.compute(x, y, loss_fn, poison)
                 compute_s = controller.timer_stop(tc)
                 dog.kick(step, "sync")
                 bad: list[int] = []
                 if guard is not None:
+                    assert loss is not None
                     # BSP: a NaN/Inf travels in the gradient allreduce and the guard skips the
                     # update on every rank alike; ranks are named (a vote) only when it trips.
                     grads = [p.grad for p in params]
                     poison_if_nonfinite_(loss, grads)
                     mine = [g for g in grads if g is not None] or [loss.detach().reshape(1)]
                     local_bad = ~torch.isfinite(torch.stack(torch._foreach_norm(mine)).sum())
-                    record = policy.step(model, optimizer, weight=weight, compute_s=compute_s)
+                    record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
                     if guard.tripped:
                         bad = nonfinite_ranks(bool(local_bad)) or list(range(size))
                 else:
-                    bad = nonfinite_ranks(local_nonfinite(loss, (p.grad for p in params)))
+                    here = loss if loss is not None else 0.0
+                    bad = nonfinite_ranks(local_nonfinite(here, (p.grad for p in params)))
                     if not bad:
-                        record = policy.step(model, optimizer, weight=weight, compute_s=compute_s)
+                        record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
                 in_a_row = in_a_row + 1 if bad else 0
                 if bad:
                     where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"
@@ -451,19 +399,26 @@ def run_training(
                     is_synced, sync_s = False, 0.0
                 else:
                     is_synced, sync_s = bool(record.synced), float(record.sync_s)
+                    if loss is not None:
+                        first_loss = loss.detach() if first_loss is None else first_loss
+                        last_losses.append(loss.detach())
                 scheduler.step()
                 synced += is_synced
                 controller.update(step=step, compute_s=compute_s)
                 seen += big_b
                 now = elapsed0 + time.perf_counter() - t0
                 with torch.no_grad():  # tensors, made numbers when the metrics are written
-                    acc = accuracy(out, y) if classify and len(y) else float("nan")
+                    acc = (
+                        accuracy(out, y.to(out.device))
+                        if classify and out is not None and len(y)
+                        else float("nan")
+                    )
                     metrics.write(
                         "step",
                         step=step,
                         epoch=step // spe,
                         time=now,
-                        loss=loss.detach(),
+                        loss=loss.detach() if loss is not None else None,
                         acc=acc,
                         batch=b,
                         compute_s=compute_s,
@@ -472,12 +427,14 @@ def run_training(
                         decision="SYNC" if is_synced else "LOCAL",
                         skipped=bool(bad),
                         lr=scheduler.get_last_lr()[0],
+                        **engine.step_fields(),
                     )
                 if bar is not None:
                     if step % 20 == 0 or step + 1 == total:
-                        shown = {"acc": f"{float(acc):.2f}"} if classify else {}
+                        shown = {"acc": f"{float(acc):.2f}"} if classify and out is not None else {}
+                        if loss is not None:
+                            shown = {"loss": f"{float(loss.detach()):.3f}", **shown}
                         bar.set_postfix(
-                            loss=f"{float(loss.detach()):.3f}",
                             **shown,
                             sps=f"{seen / (time.perf_counter() - t0):,.0f}",
                             refresh=False,
@@ -488,9 +445,9 @@ def run_training(
                     metrics.flush()
                 every = cfg.eval_every * spe
                 evaluating = test_set is not None and every and (step + 1) % every == 0
-                if epoch_done and rank == 0 and evaluating:
+                if epoch_done and evaluating and (engine.collective_eval or rank == 0):
                     assert test_set is not None
-                    got = evaluate(model, test_set, metric=metric, tick=tick)
+                    got = engine.evaluate(test_set, metric, tick=tick)
                     metrics.write("epoch", step=step, epoch=step // spe, time=now, **{key: got})
                     msg = (
                         f"epoch {(step + 1) // spe}/{cfg.epochs}  {describe(key, got)}  "
@@ -512,10 +469,10 @@ def run_training(
             elapsed = elapsed0 + time.perf_counter() - t0
             last_path = checkpoint(total) if start < total or not ckpts.steps() else last_path
             dog.kick(total, "sync")
-            parts.finish_policy(policy, model)
+            parts.finish_policy(policy, module)
             score = None
             if test_set is not None:
-                score = evaluate(model, test_set, metric=metric, tick=tick)
+                score = engine.evaluate(test_set, metric, tick=tick)
     finally:
         metrics.close()
         if guard is not None:
@@ -528,6 +485,14 @@ def run_training(
         for k, v in parts.policy_summary(policy).items()
         if k not in ("steps", "synced_steps", "sync_fraction")
     }
+    # First and final (mean of the last 10) loss, from the rank that reports them.
+    reports = rank == engine.loss_rank and first_loss is not None and last_losses
+    first_last = np.array(
+        [float(first_loss), float(torch.stack(list(last_losses)).mean())]  # type: ignore[arg-type]
+        if reports
+        else [0.0, 0.0]
+    )
+    first_last = comm.allreduce_array(first_last, ReduceOp.SUM)
     summary = {
         **policy_figures,
         key: score,
@@ -537,10 +502,13 @@ def run_training(
         "samples_per_s": done * cfg.batch_size / max(elapsed - elapsed0, 1e-9) if done else None,
         "sync_fraction": synced / total if total else None,
         "skipped_steps": skipped,
+        "first_loss": float(first_last[0]) if done else None,
+        "final_loss": float(first_last[1]) if done else None,
         "final_batch_sizes": [int(s) for s in np.asarray(controller.batch_sizes)],
         "world_size": size,
+        **engine.summary_fields(),
         "config": cfg.shared(),
     }
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return RunResult(summary=summary, model=model, run_dir=run_dir, checkpoint=last_path)
+    return RunResult(summary=summary, model=module, run_dir=run_dir, checkpoint=last_path)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hethpc.batching import BatchController, SlowdownSchedule
+from hethpc.comm import Group
 from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
 from hethpc.sync import SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
@@ -91,11 +92,13 @@ def make_injector(cfg: TrainConfig) -> Injector | None:
     return Injector(cfg.inject_alpha, cfg.inject_beta, seed=cfg.seed)
 
 
-def make_controller(cfg: TrainConfig, *, device: torch.device | None = None) -> BatchController:
-    """The batch controller: per-rank batch sizes that sum to the global batch.
+def make_controller(
+    cfg: TrainConfig, *, device: torch.device | None = None, group: Group | None = None
+) -> BatchController:
+    """The batch controller: per-replica batch sizes that sum to the global batch.
 
     ``device`` is where the model computes: on CUDA the controller synchronises it before
-    reading the clock.
+    reading the clock. ``group``: the replicas sharing the global batch (default: the world).
     """
     weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     return BatchController(
@@ -107,11 +110,12 @@ def make_controller(cfg: TrainConfig, *, device: torch.device | None = None) -> 
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
         slowdown_mode=cfg.slowdown_mode,
         device=device,
+        group=group,
     )
 
 
-def make_policy(cfg: TrainConfig) -> SyncPolicy:
-    """The synchronisation policy.
+def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
+    """The synchronisation policy among ``group``'s replicas (default: the world).
 
     The loop's weights ``b_k / B`` come from the batch controller's size vector, which every
     rank holds identically, so BSP and FedAvg skip their per-step weight check (BSP then
@@ -119,13 +123,16 @@ def make_policy(cfg: TrainConfig) -> SyncPolicy:
     """
     if cfg.sync == "selsync":
         return _make_sync_policy(
-            "selsync", threshold=cfg.threshold, window=cfg.sync_window, aggregation=cfg.aggregation
-        )
+            "selsync", threshold=cfg.threshold, window=cfg.sync_window,
+            aggregation=cfg.aggregation, group=group,
+        )  # fmt: skip
     if cfg.sync == "fedavg":
-        return _make_sync_policy("fedavg", period=cfg.fedavg_period, check_weights=False)
+        return _make_sync_policy(
+            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group
+        )
     if cfg.sync == "bsp":
-        return _make_sync_policy("bsp", check_weights=False)
-    return _make_sync_policy(cfg.sync)
+        return _make_sync_policy("bsp", check_weights=False, group=group)
+    return _make_sync_policy(cfg.sync, group=group)
 
 
 def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:

@@ -1,0 +1,205 @@
+"""Step engines: this rank's forward and backward, data-parallel or as one pipeline stage.
+
+The training loop (:mod:`hethpc.train.loop`) is the same for both: it reads batches, calls
+:meth:`compute`, lets the sync policy step the optimizer over :attr:`module` within
+:attr:`group`, and evaluates, checkpoints and reports. An engine says where this rank sits:
+which replica's batch it reads (:attr:`replica` of :attr:`replicas`), which ranks hold the
+same parameters (:attr:`group`), and whether it computes the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.comm import Group, ReduceOp
+from hethpc.data import ArrayDataset, to_inputs, to_targets
+from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
+from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.evaluation import Metric, evaluate
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# Settings a pipelined run does not support yet; refused up front, named in the error.
+_PIPELINE_UNSUPPORTED = (
+    ("batching", ("uniform", "static"), "--batching uniform or static"),
+    ("inject_alpha", (0.0,), "no --inject-alpha"),
+    ("slowdown", ("",), "no --slowdown"),
+)
+
+
+def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
+    """Refuse settings a pipelined run cannot honour (the same decision on every rank).
+
+    Raises:
+        ConfigError: ``--pipeline-stages`` does not divide the world size, the global batch
+            does not split into replicas and micro-batches, or a setting is unsupported.
+    """
+    p = cfg.pipeline_stages
+    if world_size % p:
+        raise ConfigError(
+            f"--pipeline-stages {p} must divide the number of ranks {world_size} "
+            f"(world = stages x replicas); launch a multiple of {p} ranks"
+        )
+    d = world_size // p
+    if cfg.batch_size // d < cfg.micro_batches:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} must give each of the {d} replica(s) at least "
+            f"--micro-batches {cfg.micro_batches} rows"
+        )
+    wrong = [need for key, ok, need in _PIPELINE_UNSUPPORTED if getattr(cfg, key) not in ok]
+    if wrong:
+        raise ConfigError(
+            f"--pipeline-stages {p} supports only: {', '.join(wrong)} (not wired in yet)"
+        )
+
+
+class DataParallel:
+    """Every rank holds the whole model and takes its own share of each global batch."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.device = (
+            torch.device(f"cuda:{comm.local_rank() % torch.cuda.device_count()}")
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        self.module = model.to(self.device)
+        self.group: Group | None = None  # the world
+        self.replica, self.replicas = comm.rank(), comm.size()
+        self.replica_leaders = list(range(comm.size()))  # a world rank of each replica
+        self.computes_loss = True
+        self.loss_rank = 0  # the rank whose losses the summary reports
+        self.collective_eval = False
+        self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
+
+    def describe(self) -> str:
+        return f"{comm.size()} rank(s), data-parallel"
+
+    def compute(
+        self, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, poison: Callable[[Any], Any]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Forward and backward; ``(loss, output)``; gradients on :attr:`module`."""
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        out = self.module(x)
+        loss = poison(loss_fn(out, y))
+        for p in self.module.parameters():
+            p.grad = None
+        loss.backward()
+        return loss, out
+
+    def step_fields(self) -> dict[str, Any]:
+        return {}
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {}
+
+    def evaluate(self, data: ArrayDataset, metric: Metric, *, tick: Any = None) -> float:
+        """``metric`` over all of ``data`` on this rank alone."""
+        return evaluate(self.module, data, metric=metric, tick=tick)
+
+
+class PipelineStage:
+    """This rank runs one stage of its replica's pipeline; world = stages x replicas.
+
+    Replica ``d`` is world ranks ``d*P .. d*P+P-1`` and reads slice ``d`` of each global batch;
+    stage ``s`` of every replica forms :attr:`group`, in which the sync policy averages that
+    stage's parameters or gradients.
+    """
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module) -> None:
+        if not isinstance(model, nn.Sequential):
+            raise ConfigError(
+                f"model {cfg.model} is not an nn.Sequential, so it cannot be cut into "
+                "pipeline stages; give an nn.Sequential or use --pipeline-stages 1"
+            )
+        groups = make_pipeline_groups(cfg.pipeline_stages)
+        lay = self.layout = groups.layout
+        self.balance = partition_by_params(model, lay.stages)
+        self.pipe = Pipeline(
+            model,
+            balance=self.balance,
+            micro_batches=cfg.micro_batches,
+            schedule=cfg.schedule,
+            stage_group=groups.stage_group,
+            dp_group=None,  # the sync policy synchronises the replicas
+        )
+        self.module = self.pipe.module
+        self.device = self.pipe.device
+        # One replica: a one-rank group, which never communicates (never the world).
+        self.group = groups.dp_group or Group((comm.rank(),), 0)
+        self.replica, self.replicas = lay.replica, lay.replicas
+        self.replica_leaders = [d * lay.stages for d in range(lay.replicas)]
+        self.computes_loss = self.pipe.is_last
+        self.loss_rank = lay.stages - 1  # the last stage of replica 0
+        self.collective_eval = True
+        self.saves_own_state = True  # each rank holds a different stage
+
+    def describe(self) -> str:
+        lay = self.layout
+        return (
+            f"{comm.size()} ranks = {lay.stages} pipeline stages x {lay.replicas} replica(s), "
+            f"layers per stage {list(self.balance)}, {self.pipe.micro_batches} micro-batches "
+            f"({self.pipe.schedule})"
+        )
+
+    def compute(
+        self, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, poison: Callable[[Any], Any]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One batch through the pipeline; ``(loss on the last stage, None)``."""
+        for p in self.module.parameters():
+            p.grad = None
+        value = self.pipe.train_step(x, y, loss_fn)
+        marker = poison(torch.zeros(()))  # a deliberate NaN fault poisons this stage's step
+        if not bool(torch.isfinite(marker)):
+            first = next((p for p in self.module.parameters() if p.grad is not None), None)
+            if first is not None:
+                first.grad.mul_(float("nan"))  # type: ignore[union-attr]
+        loss = torch.tensor(value, dtype=torch.float32) if value is not None else None
+        if loss is not None and not bool(torch.isfinite(marker)):
+            loss = loss * float("nan")
+        return loss, None
+
+    def step_fields(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"idle": self.pipe.stats.idle_fraction, "stage": lay.stage, "replica": lay.replica}
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {
+            "pipeline_stages": self.layout.stages,
+            "replicas": self.layout.replicas,
+            "balance": list(self.balance),
+        }
+
+    def evaluate(
+        self, data: ArrayDataset, metric: Metric, *, batch: int = 2048, tick: Any = None
+    ) -> float:
+        """``metric`` through the pipelines (a collective over the world; equal everywhere)."""
+        total = 0.0
+        self.module.eval()
+        for i in range(0, len(data), batch):
+            if tick is not None:
+                tick()
+            out = self.pipe.forward(to_inputs(data.x[i : i + batch]))  # scaled as in training
+            if out is not None:
+                y = to_targets(data.y[i : i + batch]).to(out.device)
+                total += float(metric(out, y)) * len(y)
+        self.module.train()
+        # Each replica's last stage scored every sample: average the replicas.
+        summed = comm.allreduce_array(np.array([total]), ReduceOp.SUM)[0] / self.replicas
+        return float(summed) / max(len(data), 1)
+
+
+Engine = DataParallel | PipelineStage
+
+
+def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:
+    """The engine for ``cfg``: pipeline stages when ``pipeline_stages > 1``."""
+    if cfg.pipeline_stages > 1:
+        check_pipeline_config(cfg, comm.size())
+        return PipelineStage(cfg, model)
+    return DataParallel(model)
