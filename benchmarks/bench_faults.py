@@ -8,7 +8,7 @@ fault) with the default watchdog, waits until rank 1's heartbeat shows it traini
 ``--at``, and then makes rank 1 fail: ``kill`` (SIGKILL from outside), ``sigstop`` (SIGSTOP from
 outside: the process exists but never runs again), ``raise`` (``--fault 1:S:raise``) and
 ``stall`` (``--fault 1:S:stall``: the rank sleeps forever in its step). The time is measured from
-the fault (the signal, or the heartbeat reaching step S for the injected faults) to the exit of
+the fault (the signal, or the time the injected fault prints as it acts) to the exit of
 mpirun. The last stdout line is one JSON object: seconds per case and the exit codes.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,22 +51,27 @@ def measure(kind: str, *, at: int, cache: Path) -> tuple[float, int]:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:
-            while True:
-                beat = _beat(run_dir, 1)
-                if beat is not None and beat["step"] >= at:
-                    break
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{kind}: the job ended early: {proc.stderr.read()}")  # type: ignore[union-attr]
-                time.sleep(0.05)
-            t0 = time.perf_counter()
-            if kind == "kill":
-                os.kill(beat["pid"], signal.SIGKILL)
-            elif kind == "sigstop":
-                os.kill(beat["pid"], signal.SIGSTOP)
+            t0 = None
+            if kind in ("kill", "sigstop"):
+                while True:
+                    beat = _beat(run_dir, 1)
+                    if beat is not None and beat["step"] >= at:
+                        break
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{kind}: the job ended early: {proc.stderr.read()}")  # type: ignore[union-attr]
+                    time.sleep(0.05)
+                t0 = time.time()
+                os.kill(beat["pid"], signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
             _, err = proc.communicate(timeout=600)
-            took = time.perf_counter() - t0
+            t_end = time.time()
         finally:
             proc.kill()
+        if t0 is None:
+            m = re.search(r"hethpc fault: rank 1 \w+ at step \d+ \(time ([0-9.]+)\)", err)
+            if m is None:
+                raise RuntimeError(f"{kind}: the fault never acted: {err[-2000:]}")
+            t0 = float(m.group(1))
+        took = t_end - t0
         last = [line for line in err.splitlines() if "hethpc watchdog" in line or "rank 1" in line]
         print(f"{kind:8s} {took:6.1f} s  exit {proc.returncode}  {last[:1]}", flush=True)
         return took, proc.returncode

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 
@@ -52,6 +53,9 @@ def apply_faults(
     for f in faults:
         if f.rank != rank or f.step != step:
             continue
+        # The wall time, so that a test can measure how long the job takes to end after it.
+        print(f"hethpc fault: rank {rank} {f.kind} at step {step} (time {time.time():.3f})",
+              file=sys.stderr, flush=True)  # fmt: skip
         if f.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.kind == "stall":

@@ -202,7 +202,7 @@ class Monitor:
             for p in blamed
         )
         unseen = a.size - 1 - len(peers)
-        stacks = Path(a.stacks) if a.stacks else None
+        stacks = Path(a.stacks) if a.stacks and not me.stopped else None  # a stopped rank cannot
         lines = [
             f"hethpc watchdog (rank {a.rank}): no progress for {me.idle_s:.0f} s "
             f"(limit {limit:.0f} s, --watchdog-s) at step {me.step}, {me.phase}.",
