@@ -26,6 +26,15 @@ from hethpc.comm.collectives import (
 )
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, new_group, world
+from hethpc.comm.link import (
+    Link,
+    LinkError,
+    LinkStats,
+    current_link,
+    link_stats,
+    parse_link,
+    set_link,
+)
 from hethpc.comm.p2p import (
     RecvRequest,
     Request,
@@ -48,6 +57,9 @@ from hethpc.comm.runtime import (
 __all__ = [
     "CommError",
     "Group",
+    "Link",
+    "LinkError",
+    "LinkStats",
     "RecvRequest",
     "ReduceOp",
     "Request",
@@ -76,4 +88,8 @@ __all__ = [
     "send_tensor",
     "size",
     "world",
+    "current_link",
+    "link_stats",
+    "parse_link",
+    "set_link",
 ]

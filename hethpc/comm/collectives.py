@@ -7,6 +7,7 @@ MPI); otherwise they are staged through host memory, so any Horovod build works.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ import torch
 
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
+from hethpc.comm.link import current_link, wait_out
 from hethpc.comm.runtime import state
 
 T = TypeVar("T")
@@ -56,11 +58,30 @@ def _staged_in_place(fn: Any, tensors: Sequence[torch.Tensor], **kw: Any) -> Non
         t.copy_(h)
 
 
+def _emulate(t0: float, kind: str, nbytes: int, g: Group) -> None:
+    """Under link emulation (:mod:`hethpc.comm.link`), last as long as on the emulated link."""
+    link = current_link()
+    if link is None or g.size < 2:
+        return
+    seconds = {
+        "allreduce": link.allreduce_s,
+        "allgather": link.allgather_s,
+        "broadcast": link.broadcast_s,
+    }[kind](nbytes, g.size)
+    wait_out(t0, seconds, nbytes)
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def barrier(group: Group | None = None) -> None:
     """Wait until every rank of ``group`` (default: the world) gets here."""
     g = resolve(group)
     if g.size > 1:
+        t0 = time.perf_counter()
         g.mpi_comm.Barrier()
+        _emulate(t0, "allreduce", 0, g)
 
 
 def allgather_object(obj: T, group: Group | None = None) -> list[T]:
@@ -68,7 +89,10 @@ def allgather_object(obj: T, group: Group | None = None) -> list[T]:
     g = resolve(group)
     if g.size == 1:
         return [obj]
-    return list(g.mpi_comm.allgather(obj))
+    t0 = time.perf_counter()
+    out = list(g.mpi_comm.allgather(obj))
+    _emulate(t0, "allgather", 0, g)  # objects: control messages, latency only
+    return out
 
 
 def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
@@ -76,7 +100,10 @@ def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
     g = resolve(group)
     if g.size == 1:
         return obj
-    return g.mpi_comm.bcast(obj, root=root)
+    t0 = time.perf_counter()
+    out: T = g.mpi_comm.bcast(obj, root=root)
+    _emulate(t0, "broadcast", 0, g)  # objects: control messages, latency only
+    return out
 
 
 def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray:
@@ -96,7 +123,9 @@ def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray
             f"allgather_array needs the same shape and dtype on every rank; got {detail}"
         )
     out = np.empty((g.size, *a.shape), dtype=a.dtype)
+    t0 = time.perf_counter()
     g.mpi_comm.Allgather(a, out)
+    _emulate(t0, "allgather", a.nbytes, g)
     return out
 
 
@@ -110,12 +139,12 @@ def allreduce_array(
         return a.copy()
     mpi = state().mpi
     out = np.empty_like(a)
-    if op is ReduceOp.AVERAGE:
-        g.mpi_comm.Allreduce(a, out, op=mpi.SUM)
-        return out / g.size
-    mpi_op = {ReduceOp.SUM: mpi.SUM, ReduceOp.MIN: mpi.MIN, ReduceOp.MAX: mpi.MAX}[op]
+    t0 = time.perf_counter()
+    mpi_op = {ReduceOp.SUM: mpi.SUM, ReduceOp.AVERAGE: mpi.SUM, ReduceOp.MIN: mpi.MIN,
+              ReduceOp.MAX: mpi.MAX}[op]  # fmt: skip
     g.mpi_comm.Allreduce(a, out, op=mpi_op)
-    return out
+    _emulate(t0, "allreduce", a.nbytes, g)
+    return out / g.size if op is ReduceOp.AVERAGE else out
 
 
 def allreduce(
@@ -145,15 +174,18 @@ def allreduce(
     assert hvd is not None
     if _needs_staging([tensor]):
         out = tensor.detach().cpu()
-        allreduce_(out, op, prescale=prescale, group=g, name=name)
+        allreduce_(out, op, prescale=prescale, group=g, name=name)  # emulated there
         return out.to(tensor.device)
-    return hvd.allreduce(
+    t0 = time.perf_counter()
+    result: torch.Tensor = hvd.allreduce(
         tensor,
         op=_hvd_op(op),
         prescale_factor=prescale,
         process_set=g.process_set,
         name=name or "hethpc.allreduce",
     )
+    _emulate(t0, "allreduce", _nbytes([tensor]), g)
+    return result
 
 
 def allreduce_(
@@ -173,13 +205,16 @@ def allreduce_(
     if _needs_staging([tensor]):
         grouped_allreduce_([tensor], op, prescale=prescale, group=g, name=name)
         return tensor
-    return hvd.allreduce_(
+    t0 = time.perf_counter()
+    hvd.allreduce_(
         tensor,
         op=_hvd_op(op),
         prescale_factor=prescale,
         process_set=g.process_set,
         name=name or "hethpc.allreduce",
     )
+    _emulate(t0, "allreduce", _nbytes([tensor]), g)
+    return tensor
 
 
 def grouped_allreduce(
@@ -201,7 +236,8 @@ def grouped_allreduce(
     if _needs_staging(tensors):
         outs = [t.detach().clone() for t in tensors]
         return grouped_allreduce_(outs, op, prescale=prescale, group=g, name=name)
-    return list(
+    t0 = time.perf_counter()
+    results = list(
         hvd.grouped_allreduce(
             list(tensors),
             op=_hvd_op(op),
@@ -210,6 +246,8 @@ def grouped_allreduce(
             name=name or "hethpc.grouped_allreduce",
         )
     )
+    _emulate(t0, "allreduce", _nbytes(tensors), g)
+    return results
 
 
 def grouped_allreduce_(
@@ -231,6 +269,7 @@ def grouped_allreduce_(
         return []
     hvd = state().hvd
     assert hvd is not None
+    t0 = time.perf_counter()
     if _needs_staging(tensors):
         _staged_in_place(
             hvd.grouped_allreduce_,
@@ -240,14 +279,15 @@ def grouped_allreduce_(
             process_set=g.process_set,
             name=name or "hethpc.grouped_allreduce",
         )
-        return list(tensors)
-    hvd.grouped_allreduce_(
-        list(tensors),
-        op=_hvd_op(op),
-        prescale_factor=prescale,
-        process_set=g.process_set,
-        name=name or "hethpc.grouped_allreduce",
-    )
+    else:
+        hvd.grouped_allreduce_(
+            list(tensors),
+            op=_hvd_op(op),
+            prescale_factor=prescale,
+            process_set=g.process_set,
+            name=name or "hethpc.grouped_allreduce",
+        )
+    _emulate(t0, "allreduce", _nbytes(tensors), g)
     return list(tensors)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hethpc import comm
-from hethpc.comm import Group
+from hethpc.comm import Group, LinkError, parse_link
 
 
 class ConfigError(ValueError):
@@ -112,6 +112,11 @@ class TrainConfig:
     batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
     b_min: int = _f(1, "dynamic batching: smallest batch of a rank")
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
+    link: str = _f(
+        "",
+        "emulated link for every collective, e.g. '1gbit', '10gbit:20us' (an emulation: each "
+        "transfer lasts at least as long as on that link; off by default)",
+    )
     slowdown_mode: str = _f(
         "sleep",
         "how an emulated slow rank spends its extra time: asleep (sleep: frees its core) or "
@@ -225,6 +230,10 @@ class TrainConfig:
                 f"{self.watchdog_s}; the ceiling must be at least the floor",
                 key="watchdog_max_s",
             )
+        try:
+            parse_link(self.link)
+        except LinkError as e:
+            raise ConfigError(str(e), key="link") from None
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(self.resume_change_set()) - names)
         if unknown:

@@ -323,6 +323,7 @@ def run_training(
         f"{cfg.partition}"
     )
     metrics = open_run(run_dir, cfg.to_dict())
+    comm.set_link(comm.parse_link(cfg.link))  # emulation: every transfer as slow as the link
     params = list(module.parameters())
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
     # caught there, without a per-step vote. Other policies, and pipelines, vote.
@@ -369,6 +370,7 @@ def run_training(
                 loss, out = engine.compute(x, y, loss_fn, poison)
                 compute_s = controller.timer_stop(tc)
                 dog.kick(step, "sync")
+                link_before = comm.link_stats()
                 bad: list[int] = []
                 if guard is not None:
                     assert loss is not None
@@ -404,6 +406,7 @@ def run_training(
                         last_losses.append(loss.detach())
                 scheduler.step()
                 synced += is_synced
+                link_after = comm.link_stats()
                 controller.update(step=step, compute_s=compute_s)
                 seen += big_b
                 now = elapsed0 + time.perf_counter() - t0
@@ -428,6 +431,14 @@ def run_training(
                         skipped=bool(bad),
                         lr=scheduler.get_last_lr()[0],
                         **engine.step_fields(),
+                        **(
+                            {
+                                "link_real_s": link_after.real_s - link_before.real_s,
+                                "link_wait_s": link_after.waited_s - link_before.waited_s,
+                            }
+                            if cfg.link
+                            else {}
+                        ),
                     )
                 if bar is not None:
                     if step % 20 == 0 or step + 1 == total:
@@ -474,6 +485,8 @@ def run_training(
             if test_set is not None:
                 score = engine.evaluate(test_set, metric, tick=tick)
     finally:
+        emulated = comm.link_stats()
+        comm.set_link(None)
         metrics.close()
         if guard is not None:
             guard.remove()
@@ -506,6 +519,12 @@ def run_training(
         "final_loss": float(first_last[1]) if done else None,
         "final_batch_sizes": [int(s) for s in np.asarray(controller.batch_sizes)],
         "world_size": size,
+        **(
+            {"link": cfg.link, "comm_real_s": emulated.real_s,
+             "comm_emulated_wait_s": emulated.waited_s}
+            if cfg.link
+            else {}
+        ),  # fmt: skip
         **engine.summary_fields(),
         "config": cfg.shared(),
     }
