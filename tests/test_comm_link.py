@@ -32,8 +32,11 @@ def test_off(text: str) -> None:
     assert parse_link(text) is None
 
 
-@pytest.mark.parametrize("text", ["fast", "1gbps", "10gbit:20", "0gbit", "1gbit:5parsecs"],
-                         ids=["word", "unit", "no-latency-unit", "zero", "latency-unit"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    ["fast", "1gbps", "10gbit:20", "0gbit", "1gbit:5parsecs"],
+    ids=["word", "unit", "no-latency-unit", "zero", "latency-unit"],
+)
 def test_bad_links_are_named(text: str) -> None:
     with pytest.raises(LinkError, match=text.split(":")[0] if text != "0gbit" else "positive"):
         parse_link(text)
