@@ -24,6 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks"
 
+def _ge(v: object, bound: float) -> bool:
+    return isinstance(v, (int, float)) and v >= bound
+
+
 # benchmark -> key -> (goal text, test on the value or None)
 GOALS: dict[str, dict[str, tuple[str, object]]] = {
     "bench_overhead": {
@@ -48,6 +52,20 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
     "bench_pipeline": {
         "speedup": (">= 1.6 (2-stage pipeline / one rank; ideal 1.78)", lambda v: v >= 1.6),
         "peak_1f1b_flat_in_m": ("true", lambda v: v is True),
+    },
+    "bench_tta": {
+        "goals.demo_time_ratio": (
+            "<= 0.6 (hethpc to BSP-0.5 pt / BSP time)", lambda v: v is not None and v <= 0.6
+        ),
+        "goals.demo_acc_gap_points": (
+            "<= 0.5 (BSP - hethpc)", lambda v: v is not None and v <= 0.5
+        ),
+        "goals.iid_3x_slowlink_selsync_dynamic_speedup": (">= 2.5", lambda v: _ge(v, 2.5)),
+        "goals.iid_3x_shm_dynamic_speedup": (">= 1.8", lambda v: _ge(v, 1.8)),
+        "goals.skew_selsync_acc_gap_points": (
+            "<= 1 (BSP - SelSync)", lambda v: v is not None and v <= 1
+        ),
+        "goals.skew_selsync_sync_fraction": ("<= 0.3", lambda v: v is not None and v <= 0.3),
     },
     "bench_faults": {
         "worst_to_exit_s": ("<= 60 (any failed rank ends the job)", lambda v: v <= 60),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -24,11 +25,12 @@ from hethpc.data import (
     open_dataset_shared,
 )
 from hethpc.models import build_model
+from hethpc.sync import average_model_
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
 from hethpc.train.config import ConfigError, TrainConfig, check_same_config, resume_differences
 from hethpc.train.engine import check_pipeline_config, make_engine
-from hethpc.train.evaluation import Metric, accuracy, metric_key
+from hethpc.train.evaluation import Metric, accuracy, evaluate, metric_key
 from hethpc.train.faults import Fault, apply_faults
 from hethpc.train.guards import (
     AveragedGradientGuard,
@@ -328,6 +330,7 @@ def run_training(
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
     # caught there, without a per-step vote. Other policies, and pipelines, vote.
     bsp_guard = cfg.sync == "bsp" and not engine.saves_own_state
+    average_at_eval = cfg.sync != "bsp" and not engine.saves_own_state and size > 1
     guard = AveragedGradientGuard(optimizer) if bsp_guard else None
     bar = _progress(total, start, cfg.progress and rank == 0)
     seen = in_a_row = 0
@@ -456,9 +459,22 @@ def run_training(
                     metrics.flush()
                 every = cfg.eval_every * spe
                 evaluating = test_set is not None and every and (step + 1) % every == 0
-                if epoch_done and evaluating and (engine.collective_eval or rank == 0):
+                if epoch_done and evaluating and (engine.collective_eval or average_at_eval):
+                    # Replicas that step locally are scored as their average (what the run
+                    # would end with), taken on every rank (a collective) into a copy.
+                    assert test_set is not None
+                    if engine.collective_eval:
+                        got = engine.evaluate(test_set, metric, tick=tick)
+                    else:
+                        scored = copy.deepcopy(module)
+                        average_model_(scored, weight=weight, group=engine.group)
+                        got = 0.0
+                        if rank == 0:
+                            got = evaluate(scored, test_set, metric=metric, tick=tick)
+                elif epoch_done and evaluating and rank == 0:
                     assert test_set is not None
                     got = engine.evaluate(test_set, metric, tick=tick)
+                if epoch_done and evaluating and rank == 0:
                     metrics.write("epoch", step=step, epoch=step // spe, time=now, **{key: got})
                     msg = (
                         f"epoch {(step + 1) // spe}/{cfg.epochs}  {describe(key, got)}  "
