@@ -102,3 +102,15 @@ def test_the_limit_grows_with_slow_steps() -> None:
     proc, _ = _python(code)
     # 2.5 s asleep with a 1 s floor: alive, since 0.2 s steps had raised the limit to 4 s.
     assert proc.returncode == 0 and "done 50" in proc.stdout, proc.stderr
+
+
+def test_a_busy_process_kicking_nonstop_is_never_ended() -> None:
+    # The monitor reads the shared record while the rank rewrites it; a half-written record
+    # must never read as a stall (a kick per microsecond, the monitor reading every 0.02 s).
+    code = (
+        "import time\nfrom hethpc.train import Watchdog\n"
+        "with Watchdog(0.2) as w:\n    t0 = time.monotonic()\n"
+        "    while time.monotonic() - t0 < 4:\n        w.kick(1, 'compute')\nprint('done')\n"
+    )
+    proc, _ = _python(code)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr

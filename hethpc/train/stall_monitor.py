@@ -111,7 +111,14 @@ class Monitor:
 
     def me(self, now: float) -> tuple[Peer, float, float, bool]:
         """This rank as a peer, its limit, the ceiling, and whether it ended the watchdog."""
-        step, phase_i, last, slowest, stop = LAYOUT.unpack_from(self.state, 0)
+        # The rank may be writing the record: take it when two reads in a row agree.
+        raw = self.state[: LAYOUT.size]
+        for _ in range(100):
+            again = self.state[: LAYOUT.size]
+            if again == raw:
+                break
+            raw = again
+        step, phase_i, last, slowest, stop = LAYOUT.unpack(raw)
         phase = PHASES[phase_i] if 0 <= phase_i < len(PHASES) else "step"
         a = self.a
         limit = a.max_s if phase in PATIENT else stall_limit(a.floor_s, a.max_s, slowest,
@@ -160,6 +167,7 @@ class Monitor:
         while True:
             time.sleep(a.tick_s)
             if not _alive(a.pid) or os.getppid() != a.pid:
+                Path(a.state).unlink(missing_ok=True)  # the rank could not remove it
                 return 0  # the rank ended: nothing to watch
             now = time.monotonic()
             me, limit, ceiling, stop = self.me(now)

@@ -93,8 +93,11 @@ class Watchdog:
 
     def _publish(self, stop: int) -> None:
         assert self._state is not None
-        LAYOUT.pack_into(self._state, 0, self._step, _PHASE_INDEX.get(self._phase, 1),
-                         self._last, self._slowest, stop)  # fmt: skip
+        # One slice assignment (a memcpy): struct.pack_into would zero the record before
+        # filling it, and the monitor could read the zeros.
+        self._state[: LAYOUT.size] = LAYOUT.pack(
+            self._step, _PHASE_INDEX.get(self._phase, 1), self._last, self._slowest, stop
+        )
 
     def start(self) -> None:
         """Start the monitor process (once)."""
