@@ -38,7 +38,7 @@ from typing import Any
 from _launch import relaunch, under_mpi
 
 from hethpc import comm
-from hethpc.train import TrainConfig, read_metrics, train
+from hethpc.train import TrainConfig, read_metrics, time_to_target, train
 
 SLOW_LINK = "200mbit:50us"
 SCENARIOS: dict[str, dict[str, str]] = {
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80 % train)")
     p.add_argument("--plots", default="", help="write one PNG per scenario into this directory")
     p.add_argument("--tables", default="", help="also write the markdown tables to this file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a TrainConfig setting in every run (experiments), e.g. "
+                   "max_local_steps=4")  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.only, args.methods, args.epochs, args.samples = "demo", "bsp,selsync", 1, 4000
@@ -84,6 +87,9 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     }[method]  # fmt: skip
     if method == "selsync_dynamic" and scenario["data"] == "skew":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        kw[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
     return kw
 
 
@@ -113,16 +119,7 @@ def run_one(method: str, scenario: dict[str, str], args: argparse.Namespace) -> 
     }
 
 
-def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
-    """The first time at which the curve reaches ``target`` (linear between points), or None."""
-    prev_t, prev_a = 0.0, 0.0
-    for t, a in curve:
-        if a >= target:
-            if a == prev_a:
-                return t
-            return prev_t + (t - prev_t) * (target - prev_a) / (a - prev_a)
-        prev_t, prev_a = t, a
-    return None
+time_to = time_to_target
 
 
 def table(name: str, scen: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hethpc.train import format_summary, read_metrics  # noqa: E402
+from hethpc.train import format_summary, read_metrics, time_to_target  # noqa: E402
 
 
 def load_run(run: Path) -> dict[str, Any]:
@@ -68,7 +68,13 @@ def plot_curves(runs: list[dict[str, Any]], out: Path) -> list[Path]:
         if ep:
             acc = 100 * _col(ep, "test_acc")
             axes[1, 0].plot(_col(ep, "step") + 1, acc, "o-", label=run["name"])
-            axes[1, 1].plot(_col(ep, "time"), acc, "o-", label=run["name"])
+            line = axes[1, 1].plot(_col(ep, "time"), acc, "o-", label=run["name"])[0]
+        final = run["summary"]
+        if final.get("test_acc") is not None and final.get("time_s") is not None:
+            # The averaged model's final score, after the last epoch's evaluation.
+            axes[1, 1].plot([final["time_s"]], [100 * final["test_acc"]], "*", ms=12,
+                            color=line.get_color() if ep else None,
+                            label=f"{run['name']}: final (averaged)")  # fmt: skip
     for ax, (x, y) in zip(
         axes.flat,
         [("step", "training loss"), ("seconds", "training loss"),
@@ -131,6 +137,34 @@ def plot_sync(runs: list[dict[str, Any]], out: Path) -> Path:
     return path
 
 
+def time_to_baseline(runs: list[dict[str, Any]]) -> str:
+    """When each run reached the last run's (the baseline's) final accuracy minus 0.5 point."""
+    base = runs[-1]["summary"].get("test_acc")
+    if base is None:
+        return "time to the baseline's accuracy: the last run has no test accuracy"
+    target = base - 0.005
+    times = []
+    for run in runs:
+        curve = [(float(r["time"]), float(r["test_acc"])) for r in run["epochs"]
+                 if r.get("test_acc") is not None]  # fmt: skip
+        final = run["summary"]
+        if final.get("test_acc") is not None and final.get("time_s") is not None:
+            curve.append((float(final["time_s"]), float(final["test_acc"])))
+        times.append(time_to_target(curve, target))
+    ref = times[-1]
+    parts = []
+    for run, t in zip(runs, times, strict=True):
+        if t is None:
+            parts.append(f"{run['name']} never")
+        else:
+            ratio = f" ({t / ref:.2f}x)" if ref and run is not runs[-1] else ""
+            parts.append(f"{run['name']} {t:.1f} s{ratio}")
+    return (
+        f"time to {100 * target:.2f} % (the last run's final accuracy - 0.5 point): "
+        + ", ".join(parts)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="jobs/report.py",
@@ -150,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     paths.append(plot_per_rank(runs, out, "compute_s", "compute per step (ms)", "compute.png"))
     paths.append(plot_sync(runs, out))
     print(format_summary([r["summary"] for r in runs], names=[r["name"] for r in runs]))
+    if len(runs) > 1:
+        print()
+        print(time_to_baseline(runs))
     print("\nplots:")
     for path in paths:
         print(f"  {path}")

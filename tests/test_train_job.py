@@ -152,6 +152,9 @@ def test_nonfinite_loss_on_one_rank(cache: Path, tmp_path: Path, setting: str, o
             assert [m["step"] for m in recs if m["skipped"]] == [5]
         state = CheckpointManager(tmp_path / "checkpoints").load_latest()[1]  # type: ignore[index]
         assert all(torch.isfinite(v).all() for v in state["model"].values())
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        # The skipped step is not a synchronised one (BSP's own counter says it was).
+        assert (summary["skipped_steps"], summary["synced_steps"]) == (1, 11), summary
 
 
 def _stall_args(cache: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -30,7 +30,7 @@ from hethpc.train.losses import LOSSES, make_loss
 from hethpc.train.metrics import MetricsWriter, read_metrics
 from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
 from hethpc.train.rundir import RunDirError, is_run_dir, next_run_dir
-from hethpc.train.summary import format_summary
+from hethpc.train.summary import format_summary, time_to_target
 from hethpc.train.watchdog import Watchdog
 
 __all__ = [
@@ -69,5 +69,6 @@ __all__ = [
     "read_metrics",
     "seed_rank",
     "set_rng_state",
+    "time_to_target",
     "train",
 ]

@@ -100,6 +100,11 @@ class TrainConfig:
     sync: str = _f("bsp", "synchronisation policy", choices=("bsp", "selsync", "fedavg", "local"))
     threshold: float = _f(0.3, "SelSync: relative gradient-norm change that triggers a sync")
     sync_window: int = _f(25, "SelSync: EWMA window of the gradient norm")
+    max_local_steps: int = _f(
+        0,
+        "SelSync: synchronise anyway after this many local steps in a row, a staleness bound "
+        "(0: no bound, the gradient votes alone decide)",
+    )
     aggregation: str = _f(
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
     )
@@ -206,6 +211,7 @@ class TrainConfig:
             "checkpoint_every",
             "eval_every",
             "max_skipped_steps",
+            "max_local_steps",
             "watchdog_s",
             "watchdog_max_s",
             "threshold",

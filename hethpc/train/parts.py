@@ -125,6 +125,7 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
         return _make_sync_policy(
             "selsync", threshold=cfg.threshold, window=cfg.sync_window,
             aggregation=cfg.aggregation, group=group,
+            max_local_steps=cfg.max_local_steps or None,
         )  # fmt: skip
     if cfg.sync == "fedavg":
         return _make_sync_policy(

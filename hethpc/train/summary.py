@@ -35,3 +35,18 @@ def format_summary(summaries: Sequence[dict[str, Any]], names: Sequence[str] | N
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
+    """When an accuracy curve ``[(seconds, accuracy), ...]`` first reaches ``target``.
+
+    Linear between its points (from ``(0, 0)``); None when it never does.
+    """
+    prev_t, prev_a = 0.0, 0.0
+    for t, a in curve:
+        if a >= target:
+            if a == prev_a:
+                return t
+            return prev_t + (t - prev_t) * (target - prev_a) / (a - prev_a)
+        prev_t, prev_a = t, a
+    return None
