@@ -101,9 +101,11 @@ class TrainConfig:
     threshold: float = _f(0.3, "SelSync: relative gradient-norm change that triggers a sync")
     sync_window: int = _f(25, "SelSync: EWMA window of the gradient norm")
     max_local_steps: int = _f(
-        0,
-        "SelSync: synchronise anyway after this many local steps in a row, a staleness bound "
-        "(0: no bound, the gradient votes alone decide)",
+        -1,
+        "SelSync: synchronise anyway after this many local steps in a row, a staleness bound. "
+        "-1 (auto): 2 with --partition labels or dirichlet (label-skewed replicas drift apart "
+        "between syncs), no bound with iid or seldp; 0: no bound (the published rule, the "
+        "gradient votes alone decide)",
     )
     aggregation: str = _f(
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
@@ -211,7 +213,6 @@ class TrainConfig:
             "checkpoint_every",
             "eval_every",
             "max_skipped_steps",
-            "max_local_steps",
             "watchdog_s",
             "watchdog_max_s",
             "threshold",
@@ -224,6 +225,12 @@ class TrainConfig:
         for name in ("inject_alpha", "inject_beta"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}", key=name)
+        if self.max_local_steps < -1:
+            raise ConfigError(
+                f"max_local_steps must be -1 (auto), 0 (no bound) or more, got "
+                f"{self.max_local_steps}",
+                key="max_local_steps",
+            )
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}", key="momentum")
         if self.b_min > self.batch_size:
