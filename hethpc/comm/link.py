@@ -10,7 +10,9 @@ Times (seconds) on a link of bandwidth ``bw`` (bytes/s) and latency ``lat`` (s):
 - ring allreduce of ``n`` bytes over ``N`` ranks: ``2(N-1)/N * n / bw + 2(N-1) * lat``;
 - allgather of ``n`` bytes from each of ``N`` ranks (ring): ``(N-1) * n / bw + (N-1) * lat``;
 - broadcast of ``n`` bytes (binomial tree): ``ceil(log2 N) * (n / bw + lat)``;
-- point-to-point message of ``n`` bytes: ``n / bw + lat``.
+- point-to-point message of ``n`` bytes: ``n / bw + lat``, from the sender's send to the
+  receiver's hand-over (the send time travels with the message; ranks of one machine share
+  the clock).
 """
 
 from __future__ import annotations
@@ -136,6 +138,25 @@ def reset_stats() -> None:
     """Zero the emulation figures."""
     global _stats
     _stats = LinkStats()
+
+
+def arrival(sent_at: float | None, nbytes: int) -> float | None:
+    """When a message of ``nbytes`` sent at wall time ``sent_at`` arrives on the link (or None)."""
+    if _link is None or sent_at is None:
+        return None
+    return sent_at + _link.p2p_s(nbytes)
+
+
+def hold_until(arrives: float | None, nbytes: int) -> None:
+    """A received message is handed over no earlier than its emulated ``arrives`` (wall time)."""
+    if arrives is None:
+        return
+    extra = arrives - time.time()
+    if extra > 0:
+        time.sleep(extra)
+    _stats.waited_s += max(extra, 0.0)
+    _stats.bytes += int(nbytes)
+    _stats.calls += 1
 
 
 def wait_out(t0: float, emulated_s: float, nbytes: int) -> None:

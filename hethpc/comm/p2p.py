@@ -1,11 +1,13 @@
 """Point-to-point tensor transfer (mpi4py) with shape and dtype sent along.
 
 GPU tensors are staged through host memory, so any MPI library works, CUDA-aware or not.
-A message is a small header (shape, dtype) followed by the raw bytes of the tensor.
+A message is a small header (shape, dtype, and the send time under link emulation) followed
+by the raw bytes of the tensor.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,7 @@ import torch
 
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
+from hethpc.comm.link import arrival, current_link, hold_until
 
 _DTYPES: dict[str, torch.dtype] = {
     str(d): d
@@ -81,8 +84,10 @@ def isend_tensor(
     _check_peer(g, dest, "isend_tensor")
     if str(tensor.dtype) not in _DTYPES:
         raise CommError(f"isend_tensor: dtype {tensor.dtype} is not supported")
-    header = (tuple(tensor.shape), str(tensor.dtype))
     payload = _as_bytes(tensor)
+    # The send time travels along under link emulation: the receiver hands the tensor over no
+    # earlier than it would arrive on the emulated link.
+    header = (tuple(tensor.shape), str(tensor.dtype), time.time() if current_link() else None)
     comm = g.mpi_comm
     r1 = comm.isend(header, dest=dest, tag=2 * tag)
     r2 = comm.Isend(payload, dest=dest, tag=2 * tag + 1)
@@ -116,13 +121,15 @@ def recv_tensor(
     g = resolve(group)
     _check_peer(g, source, "recv_tensor")
     comm = g.mpi_comm
-    shape, dtype_name = comm.recv(source=source, tag=2 * tag)
+    shape, dtype_name, sent_at = comm.recv(source=source, tag=2 * tag)
     dtype = _DTYPES[dtype_name]
     numel = 1
     for s in shape:
         numel *= s
     out = torch.empty(numel, dtype=dtype)
     comm.Recv(out.view(torch.uint8).numpy(), source=source, tag=2 * tag + 1)
+    nbytes = out.numel() * out.element_size()
+    hold_until(arrival(sent_at, nbytes), nbytes)
     out = out.reshape(shape)
     if device is not None and torch.device(device).type != "cpu":
         out = out.to(device, non_blocking=False)
@@ -144,14 +151,18 @@ class RecvRequest:
         self._payload: Any = None
         self._out: torch.Tensor | None = None
         self._shape: tuple[int, ...] = ()
+        self._arrives: float | None = None  # the emulated arrival (wall time), if any
+        self._nbytes = 0
 
-    def _post_payload(self, header: tuple[tuple[int, ...], str]) -> None:
-        shape, dtype_name = header
+    def _post_payload(self, header: tuple[tuple[int, ...], str, float | None]) -> None:
+        shape, dtype_name, sent_at = header
         numel = 1
         for s in shape:
             numel *= s
         self._shape = tuple(shape)
         self._out = torch.empty(numel, dtype=_DTYPES[dtype_name])
+        self._nbytes = self._out.numel() * self._out.element_size()
+        self._arrives = arrival(sent_at, self._nbytes)
         self._payload = self._comm.Irecv(
             self._out.view(torch.uint8).numpy(), source=self._source, tag=2 * self._tag + 1
         )
@@ -163,13 +174,17 @@ class RecvRequest:
             if not done:
                 return False
             self._post_payload(header)
-        return bool(self._payload.Test())
+        if not self._payload.Test():
+            return False
+        return self._arrives is None or time.time() >= self._arrives
 
     def wait(self) -> torch.Tensor:
         """Block until the tensor has arrived; returns it (shape and dtype of the sender's)."""
         if self._payload is None:
             self._post_payload(self._header.wait())
         self._payload.Wait()
+        hold_until(self._arrives, self._nbytes)
+        self._arrives = None
         assert self._out is not None
         out = self._out.reshape(self._shape)
         if self._device is not None and torch.device(self._device).type != "cpu":

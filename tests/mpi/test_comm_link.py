@@ -54,3 +54,29 @@ def test_off_adds_nothing() -> None:
     t = torch.ones(1000)
     took = _timed(lambda: comm.grouped_allreduce_([t], ReduceOp.SUM), None)
     assert took < 0.05 and comm.link_stats().calls == 0
+
+
+@pytest.mark.parametrize("posted_early", [False, True], ids=["recv", "irecv-wait"])
+def test_a_point_to_point_message_arrives_as_on_the_link(posted_early: bool) -> None:
+    comm.init()
+    if comm.size() < 2:
+        pytest.skip("needs two ranks")
+    r = comm.rank()
+    link = Link(bandwidth=50e6, latency=2e-3)
+    t = torch.ones(100_000)  # 400 KB: 8 ms on the link, plus 2 ms
+    req = comm.irecv_tensor(0, tag=5) if posted_early and r == 1 else None
+    comm.barrier()
+    comm.set_link(link)
+    sent = got = 0.0
+    if r == 0:
+        sent = time.time()
+        comm.send_tensor(t, 1, tag=5)
+    elif r == 1:
+        out = req.wait() if req is not None else comm.recv_tensor(0, tag=5)
+        got = time.time()
+        assert torch.equal(out, t)
+    comm.set_link(None)
+    times = comm.allgather_object((sent, got))
+    if r == 1:
+        took, want = times[1][1] - times[0][0], link.p2p_s(400_000)
+        assert want - 1e-3 <= took < want + 0.05, (took, want)
