@@ -245,8 +245,8 @@ def test_pipeline_stages_train_through_the_job(cache: Path, tmp_path: Path) -> N
     ("extra", "match"),
     [
         (("--pipeline-stages", "3"), "must divide the number of ranks 2"),
-        (("--pipeline-stages", "2", "--batching", "dynamic"),
-         "supports only: --batching uniform or static"),
+        (("--pipeline-stages", "2", "--inject-alpha", "0.5", "--inject-beta", "0.2"),
+         "supports only: no --inject-alpha"),
     ],
     ids=["indivisible", "unsupported-sync"],
 )
@@ -325,3 +325,25 @@ def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(cache: Path, tmp_p
     assert all(m["loss"] is not None for m in last)  # the last stage holds the loss
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["final_loss"] < summary["first_loss"], summary
+
+
+def test_pipeline_replicas_get_batches_by_their_speed(cache: Path, tmp_path: Path) -> None:
+    # P=2 stages x D=2 replicas on 4 ranks; replica 1 emulated 3x slower: dynamic batching
+    # gives it the smaller share, the same on both of its stages, and training still works.
+    argv = [
+        "--samples", "4000", "--batch-size", "64", "--model", "large", "--epochs", "1",
+        "--max-steps", "40", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "2",
+        "--cache-dir", str(cache), "--progress", "false", "--eval-every", "0",
+        "--pipeline-stages", "2", "--batching", "dynamic", "--slowdown", "1:3@0",
+        "--batch-interval", "10", "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    proc, _ = _launch(argv, np=4, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    fast, slow = summary["final_batch_sizes"]
+    assert fast + slow == 64 and fast > slow, summary
+    # World ranks 2 and 3 are replica 1's two stages: one batch size per step for both.
+    b2, b3 = ([m["batch"] for m in read_metrics(tmp_path / "metrics" / f"rank{r}.jsonl")
+               if m["kind"] == "step"] for r in (2, 3))  # fmt: skip
+    assert b2 == b3 and b2[0] == 32 and b2[-1] < 32, b2
+    assert summary["final_loss"] < summary["first_loss"], summary

@@ -26,11 +26,7 @@ from hethpc.train.evaluation import Metric, evaluate
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Settings a pipelined run does not support yet; refused up front, named in the error.
-_PIPELINE_UNSUPPORTED = (
-    ("batching", ("uniform", "static"), "--batching uniform or static"),
-    ("inject_alpha", (0.0,), "no --inject-alpha"),
-    ("slowdown", ("",), "no --slowdown"),
-)
+_PIPELINE_UNSUPPORTED = (("inject_alpha", (0.0,), "no --inject-alpha"),)
 
 
 def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
@@ -76,9 +72,14 @@ class DataParallel:
         self.loss_rank = 0  # the rank whose losses the summary reports
         self.collective_eval = False
         self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
+        self.min_batch = 1
 
     def describe(self) -> str:
         return f"{comm.size()} rank(s), data-parallel"
+
+    def step_time(self, seconds: float) -> float:
+        """This replica's compute time for the batch controller: this rank's own."""
+        return seconds
 
     def compute(
         self, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, poison: Callable[[Any], Any]
@@ -138,6 +139,16 @@ class PipelineStage:
         self.loss_rank = lay.stages - 1  # the last stage of replica 0
         self.collective_eval = True
         self.saves_own_state = True  # each rank holds a different stage
+        self.min_batch = cfg.micro_batches  # a replica's batch splits into m micro-batches
+        self._stage_group = groups.stage_group
+
+    def step_time(self, seconds: float) -> float:
+        """The replica's step time, the same on each of its stages (one tiny allreduce).
+
+        Every stage's batch controller (over its stage's replicas) then sees the same times
+        and takes the same decisions, so the stages of a replica keep one batch size.
+        """
+        return float(comm.allreduce_array(np.array([seconds]), ReduceOp.MAX, self._stage_group)[0])
 
     def describe(self) -> str:
         lay = self.layout

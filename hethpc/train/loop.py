@@ -253,7 +253,9 @@ def run_training(
         if cfg.partition in ("iid", "seldp")
         else np.asarray(comm.allgather_object(loader.length))[engine.replica_leaders]
     )
-    controller = parts.make_controller(cfg, device=engine.device, group=engine.group)
+    controller = parts.make_controller(
+        cfg, device=engine.device, group=engine.group, b_min=engine.min_batch
+    )
     policy = parts.make_policy(cfg, group=engine.group)
     injector = parts.make_injector(cfg)
     spe = int(
@@ -371,7 +373,7 @@ def run_training(
                     return apply_faults(tuple(faults), rank=rank, step=step, loss=value)
 
                 loss, out = engine.compute(x, y, loss_fn, poison)
-                compute_s = controller.timer_stop(tc)
+                compute_s = engine.step_time(controller.timer_stop(tc))
                 dog.kick(step, "sync")
                 link_before = comm.link_stats()
                 bad: list[int] = []

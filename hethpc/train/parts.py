@@ -93,12 +93,17 @@ def make_injector(cfg: TrainConfig) -> Injector | None:
 
 
 def make_controller(
-    cfg: TrainConfig, *, device: torch.device | None = None, group: Group | None = None
+    cfg: TrainConfig,
+    *,
+    device: torch.device | None = None,
+    group: Group | None = None,
+    b_min: int | None = None,
 ) -> BatchController:
     """The batch controller: per-replica batch sizes that sum to the global batch.
 
     ``device`` is where the model computes: on CUDA the controller synchronises it before
     reading the clock. ``group``: the replicas sharing the global batch (default: the world).
+    ``b_min``: a floor above ``cfg.b_min`` (a pipeline replica needs a row per micro-batch).
     """
     weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     return BatchController(
@@ -106,7 +111,7 @@ def make_controller(
         mode=cfg.batching,
         weights=weights if cfg.batching != "uniform" else None,
         interval=cfg.batch_interval,
-        b_min=cfg.b_min,
+        b_min=max(cfg.b_min, b_min or 1),
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
         slowdown_mode=cfg.slowdown_mode,
         device=device,
