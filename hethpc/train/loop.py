@@ -375,7 +375,7 @@ def run_training(
                 loss, out = engine.compute(x, y, loss_fn, poison)
                 compute_s = engine.step_time(controller.timer_stop(tc))
                 dog.kick(step, "sync")
-                link_before = comm.link_stats()
+                link_before = comm.link_stats() if cfg.link else None
                 bad: list[int] = []
                 if guard is not None:
                     assert loss is not None
@@ -411,7 +411,7 @@ def run_training(
                         last_losses.append(loss.detach())
                 scheduler.step()
                 synced += is_synced
-                link_after = comm.link_stats()
+                link_after = comm.link_stats() if cfg.link else None
                 controller.update(step=step, compute_s=compute_s)
                 seen += big_b
                 now = elapsed0 + time.perf_counter() - t0
@@ -441,7 +441,7 @@ def run_training(
                                 "link_real_s": link_after.real_s - link_before.real_s,
                                 "link_wait_s": link_after.waited_s - link_before.waited_s,
                             }
-                            if cfg.link
+                            if link_after is not None and link_before is not None
                             else {}
                         ),
                     )
