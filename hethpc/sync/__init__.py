@@ -1,4 +1,5 @@
-"""Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only."""
+"""Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only,
+and an outer optimizer (DiLoCo) for those that average parameters."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hethpc.sync.errors import SyncError
 from hethpc.sync.factory import POLICIES, make_policy
 from hethpc.sync.fedavg import FedAvg
 from hethpc.sync.local_only import LocalOnly
+from hethpc.sync.outer import OuterOptimizer, outer_update
 from hethpc.sync.policy import SyncPolicy
 from hethpc.sync.records import SyncRecord, SyncSummary
 from hethpc.sync.selsync import SelSync
@@ -18,6 +20,7 @@ __all__ = [
     "POLICIES",
     "FedAvg",
     "LocalOnly",
+    "OuterOptimizer",
     "SelSync",
     "Significance",
     "SignificanceTracker",
@@ -30,4 +33,5 @@ __all__ = [
     "average_model_",
     "gradient_norm",
     "make_policy",
+    "outer_update",
 ]

@@ -21,6 +21,7 @@ class BSP(SyncPolicy):
     """
 
     name = "bsp"
+    averages_models = False
 
     def _step(
         self,

@@ -14,6 +14,7 @@ from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_model_, gradient_bytes
 from hethpc.sync.errors import SyncError
+from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.records import SyncRecord, SyncSummary
 from hethpc.sync.significance import NormKind, gradient_norm
 
@@ -47,13 +48,28 @@ class SyncPolicy(abc.ABC):
             consistent. Turn it off only when the caller guarantees it (weights computed from
             a batch-size vector the ranks already agreed on, as ``hethpc.train`` does): a step
             on which every rank votes yes (BSP) then needs no control collective at all.
+        outer: an :class:`OuterOptimizer` applied after every parameter average (DiLoCo's
+            outer step); None (default): plain averaging. Only for policies that average
+            parameters (not BSP, not SelSync with ``aggregation="grads"``).
     """
 
     name: ClassVar[str] = ""
+    averages_models: ClassVar[bool] = True  # whether its synchronisations average parameters
 
     def __init__(
-        self, *, group: Group | None = None, keep_records: bool = True, check_weights: bool = True
+        self,
+        *,
+        group: Group | None = None,
+        keep_records: bool = True,
+        check_weights: bool = True,
+        outer: OuterOptimizer | None = None,
     ) -> None:
+        if outer is not None and not self.averages_models:
+            raise ValueError(
+                f"an outer optimizer needs a policy that averages parameters (fedavg, local, "
+                f"selsync with aggregation 'params'), not {self.name!r}"
+            )
+        self.outer = outer
         self.group = group
         self.keep_records = keep_records
         self.check_weights = check_weights
@@ -100,6 +116,8 @@ class SyncPolicy(abc.ABC):
         Raises:
             SyncError: on every rank, when the weights are inconsistent.
         """
+        if self.outer is not None:
+            self.outer.start(model)  # the first step's parameters: the first start point
         norm = gradient_norm(model.parameters(), kind=self.norm_kind)
         out = self._step(model, optimizer, norm=norm, weight=weight)
         if out.model_averaged:
@@ -148,11 +166,18 @@ class SyncPolicy(abc.ABC):
             return agree(True, weight, group=self.group)
         return comm.size() if self.group is None else self.group.size
 
+    def _average_params(self, model: torch.nn.Module, weight: float | None) -> int:
+        """One fused model average, then the outer step if there is one; returns bytes."""
+        nbytes = average_model_(model, weight=weight, group=self.group)
+        if self.outer is not None:
+            self.outer.apply(model)
+        return nbytes
+
     def _average_model(self, model: torch.nn.Module, weight: float | None) -> tuple[float, int]:
-        """Check weights, then one fused model average; returns ``(seconds, bytes)``."""
+        """Check weights, then :meth:`_average_params`; returns ``(seconds, bytes)``."""
         t0 = time.perf_counter()
         self._agree_unanimous(weight)
-        nbytes = average_model_(model, weight=weight, group=self.group)
+        nbytes = self._average_params(model, weight)
         return time.perf_counter() - t0, nbytes
 
     def finish(self, model: torch.nn.Module) -> bool:
@@ -197,6 +222,7 @@ class SyncPolicy(abc.ABC):
             "sync_s": self._sync_s,
             "diverged": self._diverged,
             "last_weight": self._last_weight,
+            "outer": None if self.outer is None else self.outer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -218,3 +244,15 @@ class SyncPolicy(abc.ABC):
         self._diverged = bool(state["diverged"])
         w = state["last_weight"]
         self._last_weight = None if w is None else float(w)
+        saved_outer = state.get("outer")
+        if (saved_outer is None) != (self.outer is None):
+            raise SyncError(
+                "sync state was saved "
+                + ("without" if saved_outer is None else "with")
+                + " an outer optimizer, but this run has "
+                + ("one" if self.outer is not None else "none")
+                + "; resume with the same outer_optimizer setting"
+            )
+        if self.outer is not None:
+            assert saved_outer is not None
+            self.outer.load_state_dict(saved_outer)

@@ -8,7 +8,8 @@ from typing import Any, Literal
 import torch
 
 from hethpc.comm import Group
-from hethpc.sync.averaging import agree, average_gradients_, average_model_
+from hethpc.sync.averaging import agree, average_gradients_
+from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.policy import Outcome, SyncPolicy
 from hethpc.sync.significance import (
     DEFAULT_CRITERION,
@@ -49,6 +50,8 @@ class SelSync(SyncPolicy):
             :attr:`forced_syncs`.
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record.
+        outer: an :class:`~hethpc.sync.outer.OuterOptimizer` stepping after every parameter
+            average (significance-triggered DiLoCo); only with ``aggregation="params"``.
 
     Raises:
         ValueError: a setting is out of range or unknown.
@@ -67,6 +70,7 @@ class SelSync(SyncPolicy):
         max_local_steps: int | None = None,
         group: Group | None = None,
         keep_records: bool = True,
+        outer: OuterOptimizer | None = None,
     ) -> None:
         if aggregation not in AGGREGATIONS:
             raise ValueError(
@@ -82,7 +86,12 @@ class SelSync(SyncPolicy):
             raise ValueError(
                 f"max_local_steps must be None or an integer >= 0, got {max_local_steps!r}"
             )
-        super().__init__(group=group, keep_records=keep_records)
+        if outer is not None and aggregation != "params":
+            raise ValueError(
+                "an outer optimizer steps on averaged parameters: use aggregation 'params', "
+                f"not {aggregation!r}"
+            )
+        super().__init__(group=group, keep_records=keep_records, outer=outer)
         self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
         self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
         self.forced_syncs = 0  # syncs that only the staleness bound asked for
@@ -122,7 +131,7 @@ class SelSync(SyncPolicy):
         averaged = synced and self.aggregation == "params"
         if averaged:
             t0 = time.perf_counter()
-            nbytes = average_model_(model, weight=weight, group=self.group)
+            nbytes = self._average_params(model, weight)
             seconds += time.perf_counter() - t0
         return Outcome(
             synced=synced,

@@ -111,6 +111,14 @@ class TrainConfig:
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
     )
     fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
+    outer_optimizer: str = _f(
+        "none",
+        "outer step after every parameter average (fedavg, selsync, local): nesterov is DiLoCo "
+        "(with --sync fedavg), sgd without look-ahead; none: plain averaging",
+        choices=("none", "sgd", "nesterov"),
+    )
+    outer_lr: float = _f(0.7, "outer optimizer: learning rate on the averaged pseudo-gradient")
+    outer_momentum: float = _f(0.9, "outer optimizer: momentum (0 with sgd and lr 1: averaging)")
     # Batching
     batching: str = _f(
         "uniform", "how the global batch is split", choices=("uniform", "static", "dynamic")
@@ -205,7 +213,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", key=name)
-        for name in ("lr", "dirichlet_alpha"):
+        for name in ("lr", "dirichlet_alpha", "outer_lr"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", key=name)
         for name in (
@@ -231,8 +239,21 @@ class TrainConfig:
                 f"{self.max_local_steps}",
                 key="max_local_steps",
             )
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}", key="momentum")
+        for name in ("momentum", "outer_momentum"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(
+                    f"{name} must be in [0, 1), got {getattr(self, name)}", key=name
+                )
+        if self.outer_optimizer != "none" and (
+            self.sync == "bsp" or (self.sync == "selsync" and self.aggregation == "grads")
+        ):
+            what = "bsp" if self.sync == "bsp" else "selsync with aggregation grads"
+            raise ConfigError(
+                f"outer_optimizer = {self.outer_optimizer!r} steps on averaged parameters, but "
+                f"sync {what} averages gradients; use sync fedavg (DiLoCo), selsync with "
+                "aggregation params, or local",
+                key="outer_optimizer",
+            )
         if self.b_min > self.batch_size:
             raise ConfigError(
                 f"b_min = {self.b_min} is larger than batch_size = {self.batch_size}", key="b_min"

@@ -49,8 +49,9 @@ class Coordinator:
         device: the compute device (on CUDA the timer synchronises it).
         **settings: named like :class:`~hethpc.train.TrainConfig`'s fields and validated
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
-            ``fedavg_period``, ``batching``, ``weights``, ``batch_interval``, ``b_min``,
-            ``slowdown``, ``slowdown_mode``.
+            ``fedavg_period``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
+            ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
+            ``slowdown_mode``.
 
     Raises:
         ConfigError: a setting is invalid, naming it.
@@ -58,8 +59,9 @@ class Coordinator:
     """
 
     _SETTINGS = frozenset({
-        "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "batching",
-        "weights", "batch_interval", "b_min", "slowdown", "slowdown_mode",
+        "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "outer_optimizer",
+        "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
+        "slowdown", "slowdown_mode",
     })  # fmt: skip
 
     def __init__(

@@ -26,7 +26,10 @@ from hethpc.train.evaluation import Metric, evaluate
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Settings a pipelined run does not support yet; refused up front, named in the error.
-_PIPELINE_UNSUPPORTED = (("inject_alpha", (0.0,), "no --inject-alpha"),)
+_PIPELINE_UNSUPPORTED = (
+    ("inject_alpha", (0.0,), "no --inject-alpha"),
+    ("outer_optimizer", ("none",), "no --outer-optimizer"),
+)
 
 
 def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:

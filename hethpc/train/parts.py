@@ -15,7 +15,7 @@ from torch import nn
 from hethpc.batching import BatchController, SlowdownSchedule
 from hethpc.comm import Group
 from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
-from hethpc.sync import SyncPolicy
+from hethpc.sync import OuterOptimizer, SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
 from hethpc.train.config import TrainConfig
 
@@ -139,19 +139,22 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
     rank holds identically, so BSP and FedAvg skip their per-step weight check (BSP then
     issues no control collective at all, only its gradient allreduce).
     """
+    outer = None
+    if cfg.outer_optimizer != "none":
+        outer = OuterOptimizer(cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
     if cfg.sync == "selsync":
         return _make_sync_policy(
             "selsync", threshold=cfg.threshold, window=cfg.sync_window,
             aggregation=cfg.aggregation, group=group,
-            max_local_steps=staleness_bound(cfg),
+            max_local_steps=staleness_bound(cfg), outer=outer,
         )  # fmt: skip
     if cfg.sync == "fedavg":
         return _make_sync_policy(
-            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group
+            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer
         )
     if cfg.sync == "bsp":
         return _make_sync_policy("bsp", check_weights=False, group=group)
-    return _make_sync_policy(cfg.sync, group=group)
+    return _make_sync_policy(cfg.sync, group=group, outer=outer)
 
 
 def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:
