@@ -13,7 +13,10 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``dynamic``: dynamic batching, BSP;
 - ``selsync``: SelSync, uniform batches;
 - ``selsync_dynamic``: SelSync with dynamic batching (and data injection on skewed data);
-- ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end.
+- ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end;
+- ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
+  0.7, momentum 0.9);
+- ``selsync_outer``: SelSync with the same outer step after each of its parameter averages.
 
 The test accuracy of the averaged model is taken at every epoch end (the replicas are averaged
 into a copy first), against the run's wall time. Per run: the final accuracy, the wall time,
@@ -47,7 +50,10 @@ SCENARIOS: dict[str, dict[str, str]] = {
     "iid_3x_shm": {"compute": "1:3@0", "link": "", "data": "iid"},
     "skew_slowlink": {"compute": "", "link": SLOW_LINK, "data": "skew"},
 }
-METHODS = ("bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local")
+METHODS = (
+    "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "selsync_outer",
+)  # fmt: skip
+DILOCO_PERIOD = 25
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,8 +89,12 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     kw["batching"] = "dynamic" if dynamic else "uniform"
     kw["sync"] = {
         "bsp": "bsp", "dynamic": "bsp", "selsync": "selsync", "selsync_dynamic": "selsync",
-        "fedavg": "fedavg", "local": "local",
+        "fedavg": "fedavg", "local": "local", "diloco": "fedavg", "selsync_outer": "selsync",
     }[method]  # fmt: skip
+    if method in ("diloco", "selsync_outer"):
+        kw["outer_optimizer"] = "nesterov"
+    if method == "diloco":
+        kw["fedavg_period"] = DILOCO_PERIOD
     if method == "selsync_dynamic" and scenario["data"] == "skew":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
     for item in args.set:

@@ -347,3 +347,22 @@ def test_pipeline_replicas_get_batches_by_their_speed(cache: Path, tmp_path: Pat
                if m["kind"] == "step"] for r in (2, 3))  # fmt: skip
     assert b2 == b3 and b2[0] == 32 and b2[-1] < 32, b2
     assert summary["final_loss"] < summary["first_loss"], summary
+
+
+def test_ssp_lets_the_fast_rank_run_ahead_within_the_bound(cache: Path, tmp_path: Path) -> None:
+    """Rank 1 is 3x slower: rank 0 runs up to --staleness steps ahead, never more; trained."""
+    run = tmp_path / "ssp"
+    proc, _ = _launch(_args(cache, run, "--sync", "ssp", "--staleness", "3",
+                            "--slowdown", "1:3@0", "--checkpoint-every", "0"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["staleness"] == 3
+    assert 1 <= summary["max_clock_gap"] <= 3, summary
+    assert summary["waits"] > 0 and summary["test_acc"] > 0.2, summary
+
+
+def test_ssp_a_killed_rank_ends_the_job(cache: Path, tmp_path: Path) -> None:
+    proc, took = _launch(_args(cache, tmp_path / "k", "--sync", "ssp", "--fault", "1:25:kill"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "signal 9" in out, out
+    assert took < 60, f"the job took {took:.1f} s to end after a rank was killed"

@@ -1,4 +1,4 @@
-"""Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only,
+"""Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only, SSP,
 and an outer optimizer (DiLoCo) for those that average parameters."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hethpc.sync.policy import SyncPolicy
 from hethpc.sync.records import SyncRecord, SyncSummary
 from hethpc.sync.selsync import SelSync
 from hethpc.sync.significance import Significance, SignificanceTracker, gradient_norm
+from hethpc.sync.ssp import SSP
 
 __all__ = [
     "BSP",
@@ -21,6 +22,7 @@ __all__ = [
     "FedAvg",
     "LocalOnly",
     "OuterOptimizer",
+    "SSP",
     "SelSync",
     "Significance",
     "SignificanceTracker",

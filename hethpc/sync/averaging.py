@@ -116,8 +116,24 @@ def average_model_(
     """
     floats = [p.data for p in model.parameters()]
     floats += [b for b in model.buffers() if b.is_floating_point()]
-    ints = [b for b in model.buffers() if not b.is_floating_point()]
     _reduce_(floats, weight, group, "hethpc.sync.model")
+    _max_int_buffers_(model, group)
+    return payload_bytes(floats)
+
+
+def average_buffers_(
+    model: torch.nn.Module, *, weight: float | None = None, group: Group | None = None
+) -> int:
+    """:func:`average_model_` for the buffers only (the parameters are left alone)."""
+    floats = [b for b in model.buffers() if b.is_floating_point()]
+    _reduce_(floats, weight, group, "hethpc.sync.buffers")
+    _max_int_buffers_(model, group)
+    return payload_bytes(floats)
+
+
+def _max_int_buffers_(model: torch.nn.Module, group: Group | None) -> None:
+    """Integer and boolean buffers take their maximum over ranks (one mpi4py allreduce)."""
+    ints = [b for b in model.buffers() if not b.is_floating_point()]
     if ints and _size(group) > 1:
         flat = np.concatenate([b.detach().cpu().numpy().astype(np.int64).ravel() for b in ints])
         top = comm.allreduce_array(flat, ReduceOp.MAX, group)
@@ -126,7 +142,6 @@ def average_model_(
             n = b.numel()
             b.copy_(torch.from_numpy(top[offset : offset + n]).reshape(b.shape).to(b.dtype))
             offset += n
-    return payload_bytes(floats)
 
 
 def average_gradients_(

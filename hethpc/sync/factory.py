@@ -9,17 +9,19 @@ from hethpc.sync.fedavg import FedAvg
 from hethpc.sync.local_only import LocalOnly
 from hethpc.sync.policy import SyncPolicy
 from hethpc.sync.selsync import SelSync
+from hethpc.sync.ssp import SSP
 
 POLICIES: dict[str, type[SyncPolicy]] = {
     "bsp": BSP,
     "selsync": SelSync,
     "fedavg": FedAvg,
     "local": LocalOnly,
+    "ssp": SSP,
 }
 
 
 def make_policy(name: str, **kwargs: Any) -> SyncPolicy:
-    """A policy by name: ``"bsp"``, ``"selsync"``, ``"fedavg"`` or ``"local"``.
+    """A policy by name: ``"bsp"``, ``"selsync"``, ``"fedavg"``, ``"local"`` or ``"ssp"``.
 
     Args:
         name: the policy (case-insensitive; ``"local_only"`` is accepted for ``"local"``).

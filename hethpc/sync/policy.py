@@ -55,6 +55,8 @@ class SyncPolicy(abc.ABC):
 
     name: ClassVar[str] = ""
     averages_models: ClassVar[bool] = True  # whether its synchronisations average parameters
+    # Ranks step at their own pace: no collective between steps (the caller must not add one).
+    asynchronous: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -196,6 +198,24 @@ class SyncPolicy(abc.ABC):
         self._bytes += nbytes
         self._diverged = False
         return True
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Set up what the policy shares across ranks, before the first step (collective where
+        it shares anything; the first :meth:`step` does it otherwise)."""
+        return None
+
+    def skip(self, model: torch.nn.Module) -> None:
+        """A step this rank skips (non-finite gradients); synchronous policies have nothing to
+        do, since every rank skips it alike."""
+        return None
+
+    def close(self) -> None:
+        """Release what the policy holds across ranks (collective where it holds anything)."""
+        return None
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Figures of this policy beyond :meth:`summary` (none for most)."""
+        return {}
 
     def summary(self) -> SyncSummary:
         """Fraction of steps synchronised and bytes communicated, against BSP."""

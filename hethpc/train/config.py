@@ -97,7 +97,9 @@ class TrainConfig:
     )
     seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
     # Synchronisation
-    sync: str = _f("bsp", "synchronisation policy", choices=("bsp", "selsync", "fedavg", "local"))
+    sync: str = _f(
+        "bsp", "synchronisation policy", choices=("bsp", "selsync", "fedavg", "local", "ssp")
+    )
     threshold: float = _f(0.3, "SelSync: relative gradient-norm change that triggers a sync")
     sync_window: int = _f(25, "SelSync: EWMA window of the gradient norm")
     max_local_steps: int = _f(
@@ -111,6 +113,9 @@ class TrainConfig:
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
     )
     fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
+    staleness: int = _f(
+        2, "SSP: steps a rank may run ahead of the slowest (0: every rank waits, as BSP)"
+    )
     outer_optimizer: str = _f(
         "none",
         "outer step after every parameter average (fedavg, selsync, local): nesterov is DiLoCo "
@@ -225,6 +230,7 @@ class TrainConfig:
             "watchdog_max_s",
             "threshold",
             "weight_decay",
+            "staleness",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(
@@ -245,14 +251,29 @@ class TrainConfig:
                     f"{name} must be in [0, 1), got {getattr(self, name)}", key=name
                 )
         if self.outer_optimizer != "none" and (
-            self.sync == "bsp" or (self.sync == "selsync" and self.aggregation == "grads")
+            self.sync in ("bsp", "ssp") or (self.sync == "selsync" and self.aggregation == "grads")
         ):
-            what = "bsp" if self.sync == "bsp" else "selsync with aggregation grads"
+            what = {"bsp": "bsp averages gradients", "ssp": "ssp adds updates"}.get(
+                self.sync, "selsync with aggregation grads averages gradients"
+            )
             raise ConfigError(
                 f"outer_optimizer = {self.outer_optimizer!r} steps on averaged parameters, but "
-                f"sync {what} averages gradients; use sync fedavg (DiLoCo), selsync with "
-                "aggregation params, or local",
+                f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
+                "local",
                 key="outer_optimizer",
+            )
+        if self.sync == "ssp" and self.batching == "dynamic":
+            raise ConfigError(
+                "sync ssp lets ranks step at their own pace, but batching dynamic re-splits the "
+                "batch in a collective every batch_interval steps, which would hold them "
+                "together; use batching uniform or static with ssp",
+                key="batching",
+            )
+        if self.sync == "ssp" and self.inject_alpha > 0:
+            raise ConfigError(
+                "sync ssp lets ranks step at their own pace, but data injection exchanges "
+                "samples between ranks every step; use inject_alpha 0 with ssp",
+                key="inject_alpha",
             )
         if self.b_min > self.batch_size:
             raise ConfigError(

@@ -49,7 +49,7 @@ class Coordinator:
         device: the compute device (on CUDA the timer synchronises it).
         **settings: named like :class:`~hethpc.train.TrainConfig`'s fields and validated
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
-            ``fedavg_period``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
+            ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
             ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
             ``slowdown_mode``.
 
@@ -59,7 +59,8 @@ class Coordinator:
     """
 
     _SETTINGS = frozenset({
-        "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "outer_optimizer",
+        "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "staleness",
+        "outer_optimizer",
         "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
         "slowdown", "slowdown_mode",
     })  # fmt: skip

@@ -29,6 +29,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PIPELINE_UNSUPPORTED = (
     ("inject_alpha", (0.0,), "no --inject-alpha"),
     ("outer_optimizer", ("none",), "no --outer-optimizer"),
+    ("sync", ("bsp", "selsync", "fedavg", "local"), "no --sync ssp"),
 )
 
 

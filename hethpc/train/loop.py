@@ -344,6 +344,7 @@ def run_training(
     def tick() -> None:
         dog.kick(None, "evaluate")
 
+    policy.prepare(module)  # what it shares across ranks (collective), before any step
     dog = Watchdog(
         cfg.watchdog_s, max_s=cfg.watchdog_max_s, heartbeat_dir=run_dir / "heartbeat",
         rank=rank, size=size,
@@ -390,7 +391,13 @@ def run_training(
                         bad = nonfinite_ranks(bool(local_bad)) or list(range(size))
                 else:
                     here = loss if loss is not None else 0.0
-                    bad = nonfinite_ranks(local_nonfinite(here, (p.grad for p in params)))
+                    mine_bad = local_nonfinite(here, (p.grad for p in params))
+                    if policy.asynchronous:  # no vote: each rank skips its own bad steps
+                        bad = [rank] if mine_bad else []
+                        if bad:
+                            policy.skip(module)
+                    else:
+                        bad = nonfinite_ranks(mine_bad)
                     if not bad:
                         record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
                 in_a_row = in_a_row + 1 if bad else 0
@@ -400,7 +407,8 @@ def run_training(
                         raise NonFiniteError(f"{where}; stopping (--on-nonfinite stop)")
                     if in_a_row > cfg.max_skipped_steps:
                         raise NonFiniteError(nonfinite_advice(cfg, step, in_a_row, bad))
-                    say(f"hethpc: {where}; skipping the step on every rank")
+                    there = "there" if policy.asynchronous else "on every rank"
+                    say(f"hethpc: {where}; skipping the step {there}")
                     optimizer.zero_grad()
                     skipped += 1
                     is_synced, sync_s = False, 0.0
@@ -499,6 +507,7 @@ def run_training(
             last_path = checkpoint(total) if start < total or not ckpts.steps() else last_path
             dog.kick(total, "sync")
             parts.finish_policy(policy, module)
+            policy.close()
             score = None
             if test_set is not None:
                 score = engine.evaluate(test_set, metric, tick=tick)

@@ -154,6 +154,8 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
         )
     if cfg.sync == "bsp":
         return _make_sync_policy("bsp", check_weights=False, group=group)
+    if cfg.sync == "ssp":
+        return _make_sync_policy("ssp", staleness=cfg.staleness, group=group)
     return _make_sync_policy(cfg.sync, group=group, outer=outer)
 
 
@@ -164,4 +166,4 @@ def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:
 
 def policy_summary(policy: SyncPolicy) -> dict[str, Any]:
     """The policy's summary (fraction synchronised, bytes against BSP) as a dict."""
-    return policy.summary().as_dict()
+    return {**policy.summary().as_dict(), **policy.summary_fields()}
