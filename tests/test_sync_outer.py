@@ -199,3 +199,31 @@ def test_pipeline_stages_refuse_an_outer_optimizer() -> None:
     cfg = TrainConfig(sync="fedavg", outer_optimizer="nesterov", pipeline_stages=2)
     with pytest.raises(ConfigError, match="supports only: no --outer-optimizer"):
         check_pipeline_config(cfg, 2)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "replica", "want"),
+    [([96, 32], 0, [32, 32, 32]), ([96, 32], 1, [32]), ([64, 64], 1, [64]),
+     ([100, 28], 0, [25, 25, 25, 25]), ([70, 30, 28], 1, [30]), ([5, 1], 0, [1] * 5)],
+    ids=["3x", "slowest", "equal", "uneven-split", "three-ranks", "one-row-steps"],
+)  # fmt: skip
+def test_speed_sized_local_steps(sizes: list[int], replica: int, want: list[int]) -> None:
+    import numpy as np
+
+    from hethpc.train.parts import inner_step_sizes
+
+    assert inner_step_sizes(np.array(sizes), replica) == want
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [({"sync": "bsp", "batching": "dynamic", "inner_steps": "speed"}, "sync bsp has none"),
+     ({"sync": "fedavg", "inner_steps": "speed"}, "use batching dynamic")],
+    ids=["bsp", "uniform"],
+)  # fmt: skip
+def test_speed_sized_steps_need_averaging_and_unequal_batches(
+    settings: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match) as e:
+        TrainConfig(**settings)  # type: ignore[arg-type]
+    assert e.value.key == "inner_steps"

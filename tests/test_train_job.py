@@ -366,3 +366,17 @@ def test_ssp_a_killed_rank_ends_the_job(cache: Path, tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "signal 9" in out, out
     assert took < 60, f"the job took {took:.1f} s to end after a rank was killed"
+
+
+def test_speed_sized_local_steps_give_the_fast_rank_more(cache: Path, tmp_path: Path) -> None:
+    """DiLoCo with --inner-steps speed, rank 1 3x slower: rank 0 takes several local steps per
+    step once the controller has measured the ranks, rank 1 one."""
+    run = tmp_path / "speed"
+    proc, _ = _launch(_args(cache, run, "--sync", "fedavg", "--outer-optimizer", "nesterov",
+                            "--batching", "dynamic", "--inner-steps", "speed",
+                            "--slowdown", "1:3@0", "--checkpoint-every", "0"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    late = {r: [m["local_steps"] for m in read_metrics(run / "metrics" / f"rank{r}.jsonl")
+                if m["kind"] == "step"][-10:] for r in (0, 1)}  # fmt: skip
+    assert min(late[0]) >= 2 and set(late[1]) == {1}, late
+    assert json.loads((run / "summary.json").read_text())["test_acc"] > 0.2

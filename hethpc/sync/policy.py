@@ -83,6 +83,10 @@ class SyncPolicy(abc.ABC):
         self._sync_s = 0.0
         self._diverged = False  # replicas may differ: a local step since the last model average
         self._last_weight: float | None = None
+        # Shares b_k / B summed over the steps since the last parameter average: an average
+        # weights each rank by the samples it processed in that round.
+        self._round_sum = 0.0
+        self._round_n = 0
 
     @property
     def steps(self) -> int:
@@ -121,6 +125,9 @@ class SyncPolicy(abc.ABC):
         if self.outer is not None:
             self.outer.start(model)  # the first step's parameters: the first start point
         norm = gradient_norm(model.parameters(), kind=self.norm_kind)
+        if weight is not None:
+            self._round_sum += float(weight)
+            self._round_n += 1
         out = self._step(model, optimizer, norm=norm, weight=weight)
         if out.model_averaged:
             self._diverged = False
@@ -168,9 +175,18 @@ class SyncPolicy(abc.ABC):
             return agree(True, weight, group=self.group)
         return comm.size() if self.group is None else self.group.size
 
+    def _round_weight(self, weight: float | None) -> float | None:
+        """This rank's share of the samples processed since the last parameter average (its
+        mean ``b_k / B`` over those steps); None without weights."""
+        if weight is None or self._round_n == 0:
+            return weight
+        return self._round_sum / self._round_n
+
     def _average_params(self, model: torch.nn.Module, weight: float | None) -> int:
-        """One fused model average, then the outer step if there is one; returns bytes."""
-        nbytes = average_model_(model, weight=weight, group=self.group)
+        """One fused model average, weighted by the samples each rank processed since the last
+        one, then the outer step if there is one; returns bytes."""
+        nbytes = average_model_(model, weight=self._round_weight(weight), group=self.group)
+        self._round_sum, self._round_n = 0.0, 0
         if self.outer is not None:
             self.outer.apply(model)
         return nbytes
@@ -185,7 +201,8 @@ class SyncPolicy(abc.ABC):
     def finish(self, model: torch.nn.Module) -> bool:
         """Make the replicas equal before evaluation, if local steps may have made them differ.
 
-        Averages parameters and buffers, weighted by the last ``weight`` given to :meth:`step`.
+        Averages parameters and buffers, weighted by the samples each rank processed since the
+        last average (the ``weight`` values given to :meth:`step`).
         Every rank must call it; all take the same branch.
 
         Returns:
@@ -242,6 +259,8 @@ class SyncPolicy(abc.ABC):
             "sync_s": self._sync_s,
             "diverged": self._diverged,
             "last_weight": self._last_weight,
+            "round_sum": self._round_sum,
+            "round_n": self._round_n,
             "outer": None if self.outer is None else self.outer.state_dict(),
         }
 
@@ -264,6 +283,8 @@ class SyncPolicy(abc.ABC):
         self._diverged = bool(state["diverged"])
         w = state["last_weight"]
         self._last_weight = None if w is None else float(w)
+        self._round_sum = float(state.get("round_sum", 0.0))
+        self._round_n = int(state.get("round_n", 0))
         saved_outer = state.get("outer")
         if (saved_outer is None) != (self.outer is None):
             raise SyncError(

@@ -113,6 +113,14 @@ class TrainConfig:
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
     )
     fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
+    inner_steps: str = _f(
+        "fixed",
+        "fedavg/local with unequal batches: 'speed' splits each rank's batch into as many "
+        "local steps as it takes samples per step over the smallest batch's rank, each step "
+        "of about that smallest batch, so faster ranks take more local steps between averages "
+        "(DiLoCo with local steps sized by measured speed); 'fixed': one step per batch",
+        choices=("fixed", "speed"),
+    )
     staleness: int = _f(
         2, "SSP: steps a rank may run ahead of the slowest (0: every rank waits, as BSP)"
     )
@@ -261,6 +269,19 @@ class TrainConfig:
                 f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
                 "local",
                 key="outer_optimizer",
+            )
+        if self.inner_steps == "speed" and self.sync not in ("fedavg", "local"):
+            raise ConfigError(
+                f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
+                f"{self.sync} has none to size; use sync fedavg (with outer_optimizer nesterov: "
+                "DiLoCo) or local",
+                key="inner_steps",
+            )
+        if self.inner_steps == "speed" and self.batching == "uniform":
+            raise ConfigError(
+                "inner_steps = 'speed' follows each rank's measured speed through its batch "
+                "size, but batching uniform gives every rank the same; use batching dynamic",
+                key="inner_steps",
             )
         if self.sync == "ssp" and self.batching == "dynamic":
             raise ConfigError(

@@ -30,6 +30,7 @@ _PIPELINE_UNSUPPORTED = (
     ("inject_alpha", (0.0,), "no --inject-alpha"),
     ("outer_optimizer", ("none",), "no --outer-optimizer"),
     ("sync", ("bsp", "selsync", "fedavg", "local"), "no --sync ssp"),
+    ("inner_steps", ("fixed",), "no --inner-steps speed"),
 )
 
 

@@ -373,6 +373,17 @@ def run_training(
                 def poison(value: torch.Tensor, step: int = step) -> torch.Tensor:
                     return apply_faults(tuple(faults), rank=rank, step=step, loss=value)
 
+                local_steps = 1
+                if cfg.inner_steps == "speed":  # every local step but the last here
+                    splits = parts.inner_step_sizes(sizes, engine.replica, rows=len(y))
+                    edges = np.cumsum([0, *splits])
+                    for lo, hi in zip(edges[:-2], edges[1:-1], strict=True):
+                        inner, _ = engine.compute(x[lo:hi], y[lo:hi], loss_fn, poison)
+                        assert inner is not None
+                        if not local_nonfinite(inner, (p.grad for p in params)):
+                            optimizer.step()  # a bad local step is dropped on this rank alone
+                    x, y = x[edges[-2] :], y[edges[-2] :]
+                    local_steps = len(splits)
                 loss, out = engine.compute(x, y, loss_fn, poison)
                 compute_s = engine.step_time(controller.timer_stop(tc))
                 dog.kick(step, "sync")
@@ -443,6 +454,7 @@ def run_training(
                         decision="SYNC" if is_synced else "LOCAL",
                         skipped=bool(bad),
                         lr=scheduler.get_last_lr()[0],
+                        **({"local_steps": local_steps} if cfg.inner_steps == "speed" else {}),
                         **engine.step_fields(),
                         **(
                             {

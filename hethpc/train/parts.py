@@ -159,6 +159,20 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
     return _make_sync_policy(cfg.sync, group=group, outer=outer)
 
 
+def inner_step_sizes(sizes: np.ndarray, replica: int, *, rows: int | None = None) -> list[int]:
+    """With ``--inner-steps speed``: the batches of this replica's local steps within one step.
+
+    Replica ``k`` takes ``round(b_k / min_j b_j)`` steps (at least one, at most one per row),
+    its ``rows`` (default ``b_k``) split as evenly as possible among them: every replica's local
+    steps are of about the smallest batch, and their number follows the batch controller's
+    estimate of its speed.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    b = int(sizes[replica]) if rows is None else int(rows)
+    m = max(1, min(b, int(round(int(sizes[replica]) / int(max(sizes.min(), 1))))))
+    return [len(part) for part in np.array_split(np.arange(b), m)]
+
+
 def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:
     """Average diverged replicas before evaluation (a no-op when they agree)."""
     policy.finish(model)
