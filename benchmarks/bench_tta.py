@@ -16,7 +16,11 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end;
 - ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
   0.7, momentum 0.9);
-- ``selsync_outer``: SelSync with the same outer step after each of its parameter averages.
+- ``selsync_outer``: SelSync with the same outer step after each of its parameter averages;
+- ``diloco_speed``: ``diloco`` with dynamic batching and local steps sized by measured speed
+  (``--inner-steps speed``: a faster rank takes more local steps between averages);
+- ``ssp_s2``, ``ssp_s8``: stale-synchronous parallel with staleness 2 and 8 (their rows add
+  ``max_clock_gap``, the largest lead a rank had over the slowest).
 
 The test accuracy of the averaged model is taken at every epoch end (the replicas are averaged
 into a copy first), against the run's wall time. Per run: the final accuracy, the wall time,
@@ -52,6 +56,7 @@ SCENARIOS: dict[str, dict[str, str]] = {
 }
 METHODS = (
     "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "selsync_outer",
+    "diloco_speed", "ssp_s2", "ssp_s8",
 )  # fmt: skip
 DILOCO_PERIOD = 25
 
@@ -85,16 +90,21 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     }  # fmt: skip
     if scenario["data"] == "skew":
         kw.update(partition="labels", labels_per_rank=6)
-    dynamic = method in ("dynamic", "selsync_dynamic")
+    dynamic = method in ("dynamic", "selsync_dynamic", "diloco_speed")
     kw["batching"] = "dynamic" if dynamic else "uniform"
     kw["sync"] = {
         "bsp": "bsp", "dynamic": "bsp", "selsync": "selsync", "selsync_dynamic": "selsync",
         "fedavg": "fedavg", "local": "local", "diloco": "fedavg", "selsync_outer": "selsync",
-    }[method]  # fmt: skip
-    if method in ("diloco", "selsync_outer"):
+        "diloco_speed": "fedavg",
+    }.get(method, "ssp")  # fmt: skip
+    if method in ("diloco", "selsync_outer", "diloco_speed"):
         kw["outer_optimizer"] = "nesterov"
-    if method == "diloco":
+    if method in ("diloco", "diloco_speed"):
         kw["fedavg_period"] = DILOCO_PERIOD
+    if method == "diloco_speed":
+        kw["inner_steps"] = "speed"
+    if method.startswith("ssp_s"):
+        kw["staleness"] = int(method.removeprefix("ssp_s"))
     if method == "selsync_dynamic" and scenario["data"] == "skew":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
     for item in args.set:
@@ -126,6 +136,7 @@ def run_one(method: str, scenario: dict[str, str], args: argparse.Namespace) -> 
         "bytes_per_rank": s.get("bytes"),
         "final_batch_sizes": s["final_batch_sizes"],
         "curve": curve,
+        **({"max_clock_gap": s["max_clock_gap"]} if "max_clock_gap" in s else {}),
     }
 
 
@@ -144,6 +155,8 @@ def table(name: str, scen: dict[str, Any]) -> str:
         t, x = r["time_to_target_s"], r["speedup"]
         reach = "never" if t is None else f"{t:.1f}"
         speedup = "-" if x is None else f"{x:.2f}x"
+        if "max_clock_gap" in r:
+            m = f"{m} (gap {r['max_clock_gap']})"
         rows.append(
             f"| {m} | {100 * r['test_acc']:.2f} % | {r['train_s']:.1f} | {reach} | {speedup} | "
             f"{100 * r['sync_fraction']:.0f} % | "
@@ -195,6 +208,15 @@ def goal_figures(out: dict[str, Any]) -> dict[str, float | None]:
     a, b = get("skew_slowlink", "selsync", "test_acc"), get("skew_slowlink", "bsp", "test_acc")
     g["skew_selsync_acc_gap_points"] = 100 * (b - a) if a is not None and b is not None else None
     g["skew_selsync_sync_fraction"] = get("skew_slowlink", "selsync", "sync_fraction")
+    for name in ("iid_3x_shm", "iid_3x_slowlink"):  # DiLoCo: accuracy, budget, speed-sized steps
+        a, b = get(name, "diloco", "test_acc"), get(name, "bsp", "test_acc")
+        g[f"{name}_diloco_acc_gap_points"] = 100 * (b - a) if a is not None and b else None
+        g[f"{name}_diloco_sync_fraction"] = get(name, "diloco", "sync_fraction")
+        fixed, speed = (get(name, m, "time_to_target_s") for m in ("diloco", "diloco_speed"))
+        g[f"{name}_diloco_speed_vs_diloco"] = fixed / speed if fixed and speed else None
+    gaps = [r.get("max_clock_gap") for sc in out.values() for m, r in sc["methods"].items()
+            if m.startswith("ssp_s") and int(m[5:]) < (r.get("max_clock_gap") or 0)]  # fmt: skip
+    g["ssp_bound_violations"] = len(gaps)
     return g
 
 

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_tta  # noqa: E402
 
+from hethpc.train import TrainConfig  # noqa: E402
+
 
 @pytest.mark.parametrize(
     ("curve", "target", "want"),
@@ -36,6 +38,7 @@ def test_every_method_of_a_scenario_has_its_settings() -> None:
         for m in bench_tta.METHODS:
             kw = bench_tta.settings(m, scen, args)
             assert kw["link"] == scen["link"] and kw["slowdown"] == scen["compute"], (name, m)
+            TrainConfig(**kw)  # a valid run
     skew = bench_tta.settings("selsync_dynamic", bench_tta.SCENARIOS["demo"], args)
     assert skew["inject_alpha"] > 0 and skew["batching"] == "dynamic"
 
