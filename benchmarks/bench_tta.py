@@ -15,7 +15,7 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``selsync_dynamic``: SelSync with dynamic batching (and data injection on skewed data);
 - ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end;
 - ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
-  0.7, momentum 0.9);
+  0.7; momentum 0.5, hethpc's default for such short rounds);
 - ``selsync_outer``: SelSync with the same outer step after each of its parameter averages;
 - ``diloco_speed``: ``diloco`` with dynamic batching and local steps sized by measured speed
   (``--inner-steps speed``: a faster rank takes more local steps between averages);
@@ -222,8 +222,10 @@ def goal_figures(out: dict[str, Any]) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not under_mpi():
-        return relaunch(__file__, 2)
+    if not under_mpi():  # bounded at about 90 s per run (a run takes 30-120 s on 2 cores)
+        scenarios = len(args.only.split(",")) if args.only else len(SCENARIOS)
+        runs = scenarios * len([m for m in args.methods.split(",") if m])
+        return relaunch(__file__, 2, timeout_s=max(1200, 90 * runs + 300))
     comm.abort_on_exception()
     comm.init()
     names = [n for n in (args.only.split(",") if args.only else SCENARIOS) if n]

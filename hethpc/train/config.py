@@ -131,7 +131,11 @@ class TrainConfig:
         choices=("none", "sgd", "nesterov"),
     )
     outer_lr: float = _f(0.7, "outer optimizer: learning rate on the averaged pseudo-gradient")
-    outer_momentum: float = _f(0.9, "outer optimizer: momentum (0 with sgd and lr 1: averaging)")
+    outer_momentum: float = _f(
+        0.5,
+        "outer optimizer: momentum (DiLoCo's 0.9 is for rounds of ~500 steps; 0 with sgd and "
+        "lr 1: plain averaging)",
+    )
     # Batching
     batching: str = _f(
         "uniform", "how the global batch is split", choices=("uniform", "static", "dynamic")

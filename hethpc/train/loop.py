@@ -373,10 +373,15 @@ def run_training(
                 def poison(value: torch.Tensor, step: int = step) -> torch.Tensor:
                     return apply_faults(tuple(faults), rank=rank, step=step, loss=value)
 
-                local_steps = 1
+                local_steps, lrs = 1, None
                 if cfg.inner_steps == "speed":  # every local step but the last here
                     splits = parts.inner_step_sizes(sizes, engine.replica, rows=len(y))
                     edges = np.cumsum([0, *splits])
+                    # Linear scaling: a local step of b rows moves b / (B / N) as far as one
+                    # of the uniform batch would, so a round moves as far per sample.
+                    lrs = [g["lr"] for g in optimizer.param_groups]
+                    for g in optimizer.param_groups:
+                        g["lr"] *= float(np.mean(splits)) * len(sizes) / big_b
                     for lo, hi in zip(edges[:-2], edges[1:-1], strict=True):
                         inner, _ = engine.compute(x[lo:hi], y[lo:hi], loss_fn, poison)
                         assert inner is not None
@@ -428,6 +433,9 @@ def run_training(
                     if loss is not None:
                         first_loss = loss.detach() if first_loss is None else first_loss
                         last_losses.append(loss.detach())
+                if lrs is not None:  # the scheduler's own rates again, before it steps
+                    for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+                        g["lr"] = lr
                 scheduler.step()
                 synced += is_synced
                 link_after = comm.link_stats() if cfg.link else None
