@@ -17,6 +17,7 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
   0.7; momentum 0.5, hethpc's default for such short rounds);
 - ``selsync_outer``: SelSync with the same outer step after each of its parameter averages;
+  ``selsync_dynamic_outer``: ``selsync_dynamic`` with it (the demo's settings);
 - ``diloco_speed``: ``diloco`` with dynamic batching and local steps sized by measured speed
   (``--inner-steps speed``: a faster rank takes more local steps between averages);
 - ``ssp_s2``, ``ssp_s8``: stale-synchronous parallel with staleness 2 and 8 (their rows add
@@ -56,7 +57,7 @@ SCENARIOS: dict[str, dict[str, str]] = {
 }
 METHODS = (
     "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "selsync_outer",
-    "diloco_speed", "ssp_s2", "ssp_s8",
+    "diloco_speed", "ssp_s2", "ssp_s8", "selsync_dynamic_outer",
 )  # fmt: skip
 DILOCO_PERIOD = 25
 
@@ -90,14 +91,14 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     }  # fmt: skip
     if scenario["data"] == "skew":
         kw.update(partition="labels", labels_per_rank=6)
-    dynamic = method in ("dynamic", "selsync_dynamic", "diloco_speed")
+    dynamic = method in ("dynamic", "selsync_dynamic", "diloco_speed", "selsync_dynamic_outer")
     kw["batching"] = "dynamic" if dynamic else "uniform"
     kw["sync"] = {
         "bsp": "bsp", "dynamic": "bsp", "selsync": "selsync", "selsync_dynamic": "selsync",
         "fedavg": "fedavg", "local": "local", "diloco": "fedavg", "selsync_outer": "selsync",
-        "diloco_speed": "fedavg",
+        "diloco_speed": "fedavg", "selsync_dynamic_outer": "selsync",
     }.get(method, "ssp")  # fmt: skip
-    if method in ("diloco", "selsync_outer", "diloco_speed"):
+    if method in ("diloco", "selsync_outer", "diloco_speed", "selsync_dynamic_outer"):
         kw["outer_optimizer"] = "nesterov"
     if method in ("diloco", "diloco_speed"):
         kw["fedavg_period"] = DILOCO_PERIOD
@@ -105,7 +106,7 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
         kw["inner_steps"] = "speed"
     if method.startswith("ssp_s"):
         kw["staleness"] = int(method.removeprefix("ssp_s"))
-    if method == "selsync_dynamic" and scenario["data"] == "skew":
+    if method.startswith("selsync_dynamic") and scenario["data"] == "skew":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
     for item in args.set:
         key, _, value = item.partition("=")
