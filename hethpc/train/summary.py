@@ -12,6 +12,7 @@ ROWS = (
     ("samples_per_s", "throughput", lambda v: f"{v:,.0f} samples/s"),
     ("sync_fraction", "steps synchronised", lambda v: f"{100 * v:.1f} %"),
     ("skipped_steps", "steps skipped (non-finite)", str),
+    ("max_clock_gap", "largest lead over the slowest (ssp)", lambda v: f"{v} steps"),
     ("final_batch_sizes", "final batch sizes per rank", lambda v: " / ".join(map(str, v))),
     ("world_size", "ranks", str),
 )
