@@ -17,6 +17,7 @@ schedules and binds them like any GPU, and the ranks, finding no CUDA, train on 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -294,8 +295,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 def _has_user(name: str) -> bool:
-    import pwd
-
     try:
         pwd.getpwnam(name)
     except KeyError:

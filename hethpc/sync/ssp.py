@@ -110,7 +110,6 @@ class SSP(SyncPolicy):
 
     def _after_update(self, model: torch.nn.Module, delta: np.ndarray | None) -> float:
         """Add ``delta``, publish the clock, wait for the slowest, read; returns seconds."""
-        self.prepare(model)
         shared = self._shared
         assert shared is not None
         t0 = time.perf_counter()
@@ -155,6 +154,7 @@ class SSP(SyncPolicy):
 
     def skip(self, model: torch.nn.Module) -> None:
         """A step this rank skips (a non-finite gradient): no update, but the clock advances."""
+        self.prepare(model)
         self._after_update(model, None)
 
     def _size(self) -> int:

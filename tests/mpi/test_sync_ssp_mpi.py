@@ -81,7 +81,7 @@ def test_a_fast_rank_runs_ahead_exactly_to_the_bound() -> None:
         np.testing.assert_array_equal(rows[r], rows[0], err_msg=f"rank {r} differs after finish")
 
 
-def test_without_slow_ranks_nobody_waits_long() -> None:
+def test_equal_ranks_stay_within_the_bound() -> None:
     comm.init()
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
