@@ -12,12 +12,12 @@ setup:
 	@bash scripts/setup.sh
 
 ## The README's main command: 2 ranks (rank 1 emulated 2x slower) train on label-skewed
-## MNIST-1D with injection, dynamic batching and SelSync (jobs/demo.toml); then a baseline on the
+## MNIST-1D with dynamic batching and SelSync (jobs/demo.toml); then a baseline on the
 ## same data and slow rank (uniform batches, BSP every step); then plots of both side by side.
 demo: setup
 	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
 	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS) \
-	    --run-dir runs/demo-baseline --batching uniform --sync bsp --inject-alpha 0
+	    --run-dir runs/demo-baseline --batching uniform --sync bsp
 	$(PY) jobs/report.py runs/demo runs/demo-baseline
 
 ## The README's test command: single-process tests, then the distributed ones on 2 and 3 ranks.

@@ -12,7 +12,11 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``bsp``: uniform batches, gradients averaged every step (the baseline);
 - ``dynamic``: dynamic batching, BSP;
 - ``selsync``: SelSync, uniform batches;
-- ``selsync_dynamic``: SelSync with dynamic batching (and data injection on skewed data);
+- ``selsync_dynamic``: SelSync with dynamic batching;
+- on skewed data only: ``selsync_published``, SelSync as published (the votes alone decide, no
+  drift correction: ``max_local_steps=0``, ``drift_correction=off``; hethpc's defaults there
+  bound the local steps to 3 in a row and correct the drift), and ``selsync_dynamic_inject``,
+  ``selsync_dynamic`` with data injection (alpha 0.5, beta 0.25);
 - ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end;
 - ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
   0.7; momentum 0.5, hethpc's default for such short rounds);
@@ -57,8 +61,15 @@ SCENARIOS: dict[str, dict[str, str]] = {
 }
 METHODS = (
     "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "selsync_outer",
-    "diloco_speed", "ssp_s2", "ssp_s8", "selsync_dynamic_outer",
+    "diloco_speed", "ssp_s2", "ssp_s8", "selsync_dynamic_outer", "selsync_published",
+    "selsync_dynamic_inject",
 )  # fmt: skip
+# The default run (about 30 minutes): the rest by --methods (SSP alone takes 12 minutes).
+DEFAULT_METHODS = (
+    "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "diloco_speed",
+    "selsync_published", "selsync_dynamic_inject",
+)  # fmt: skip
+SKEW_ONLY = ("selsync_published", "selsync_dynamic_inject")
 DILOCO_PERIOD = 25
 
 
@@ -67,7 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--quick", action="store_true", help="one scenario, two methods, 1 epoch")
     p.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated, from {', '.join(METHODS)} (skew-only methods are "
+                   "skipped on IID data)")  # fmt: skip
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80 % train)")
     p.add_argument("--plots", default="", help="write one PNG per scenario into this directory")
@@ -91,13 +104,12 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     }  # fmt: skip
     if scenario["data"] == "skew":
         kw.update(partition="labels", labels_per_rank=6)
-    dynamic = method in ("dynamic", "selsync_dynamic", "diloco_speed", "selsync_dynamic_outer")
+    dynamic = method.startswith(("dynamic", "selsync_dynamic", "diloco_speed"))
     kw["batching"] = "dynamic" if dynamic else "uniform"
     kw["sync"] = {
-        "bsp": "bsp", "dynamic": "bsp", "selsync": "selsync", "selsync_dynamic": "selsync",
-        "fedavg": "fedavg", "local": "local", "diloco": "fedavg", "selsync_outer": "selsync",
-        "diloco_speed": "fedavg", "selsync_dynamic_outer": "selsync",
-    }.get(method, "ssp")  # fmt: skip
+        "bsp": "bsp", "dynamic": "bsp", "fedavg": "fedavg", "local": "local",
+        "diloco": "fedavg", "diloco_speed": "fedavg",
+    }.get(method, "selsync" if method.startswith("selsync") else "ssp")  # fmt: skip
     if method in ("diloco", "selsync_outer", "diloco_speed", "selsync_dynamic_outer"):
         kw["outer_optimizer"] = "nesterov"
     if method in ("diloco", "diloco_speed"):
@@ -106,8 +118,10 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
         kw["inner_steps"] = "speed"
     if method.startswith("ssp_s"):
         kw["staleness"] = int(method.removeprefix("ssp_s"))
-    if method.startswith("selsync_dynamic") and scenario["data"] == "skew":
+    if method == "selsync_dynamic_inject":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
+    if method == "selsync_published":
+        kw.update(max_local_steps=0, drift_correction="off")
     for item in args.set:
         key, _, value = item.partition("=")
         kw[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
@@ -223,21 +237,25 @@ def goal_figures(out: dict[str, Any]) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not under_mpi():  # bounded at about 90 s per run (a run takes 30-120 s on 2 cores)
-        scenarios = len(args.only.split(",")) if args.only else len(SCENARIOS)
-        runs = scenarios * len([m for m in args.methods.split(",") if m])
-        return relaunch(__file__, 2, timeout_s=max(1200, 90 * runs + 300))
-    comm.abort_on_exception()
-    comm.init()
     names = [n for n in (args.only.split(",") if args.only else SCENARIOS) if n]
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         raise SystemExit(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIOS)}")
     methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    if not under_mpi():  # bounded at about 90 s per run (a run takes 30-120 s on 2 cores)
+        runs = len(names) * len(methods)
+        return relaunch(__file__, 2, timeout_s=max(1200, 90 * runs + 300))
+    comm.abort_on_exception()
+    comm.init()
     out: dict[str, Any] = {}
     for name in names:
         scen: dict[str, Any] = {**SCENARIOS[name], "methods": {}}
         for m in methods:
+            if m in SKEW_ONLY and SCENARIOS[name]["data"] != "skew":
+                continue
             scen["methods"][m] = run_one(m, SCENARIOS[name], args)
             if comm.rank() == 0:
                 r = scen["methods"][m]

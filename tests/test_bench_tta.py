@@ -39,8 +39,11 @@ def test_every_method_of_a_scenario_has_its_settings() -> None:
             kw = bench_tta.settings(m, scen, args)
             assert kw["link"] == scen["link"] and kw["slowdown"] == scen["compute"], (name, m)
             TrainConfig(**kw)  # a valid run
-    skew = bench_tta.settings("selsync_dynamic", bench_tta.SCENARIOS["demo"], args)
+    skew = bench_tta.settings("selsync_dynamic_inject", bench_tta.SCENARIOS["demo"], args)
     assert skew["inject_alpha"] > 0 and skew["batching"] == "dynamic"
+    published = bench_tta.settings("selsync_published", bench_tta.SCENARIOS["demo"], args)
+    assert published["max_local_steps"] == 0 and published["drift_correction"] == "off"
+    assert set(bench_tta.DEFAULT_METHODS) <= set(bench_tta.METHODS)
 
 
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")

@@ -1,9 +1,10 @@
-"""Data: built-in data sets, HDF5 shards, partitioners, loaders and injection."""
+"""Data: built-in data sets, HDF5 shards, partitioners, loaders, rebalancing and injection."""
 
 from __future__ import annotations
 
 from hethpc.data import sources
 from hethpc.data.adapt import as_dataset, from_arrays, from_torch
+from hethpc.data.balance import Rebalancer, proportional_shares, transfer_plan
 from hethpc.data.errors import DatasetError, LoaderError, PartitionError, ShardError
 from hethpc.data.injection import Injector, local_batch_size, senders, share_size
 from hethpc.data.loader import Loader
@@ -39,6 +40,7 @@ __all__ = [
     "Manifest",
     "PartitionError",
     "Partitioner",
+    "Rebalancer",
     "SelDPPartitioner",
     "ShardError",
     "ShardInfo",
@@ -54,6 +56,7 @@ __all__ = [
     "make_partitioner",
     "open_dataset",
     "open_dataset_shared",
+    "proportional_shares",
     "rotate_chunks",
     "segment_bounds",
     "split_shards",
@@ -63,5 +66,6 @@ __all__ = [
     "sha256_file",
     "to_inputs",
     "to_targets",
+    "transfer_plan",
     "write_dataset",
 ]

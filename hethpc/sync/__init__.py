@@ -1,10 +1,11 @@
 """Synchronisation policies for data-parallel training: SelSync, BSP, FedAvg, local only, SSP,
-and an outer optimizer (DiLoCo) for those that average parameters."""
+and, for those that average parameters, an outer optimizer (DiLoCo) and drift correction."""
 
 from __future__ import annotations
 
 from hethpc.sync.averaging import agree, average_gradients_, average_model_
 from hethpc.sync.bsp import BSP
+from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.factory import POLICIES, make_policy
 from hethpc.sync.fedavg import FedAvg
@@ -18,6 +19,7 @@ from hethpc.sync.ssp import SSP
 
 __all__ = [
     "BSP",
+    "DriftCorrection",
     "POLICIES",
     "FedAvg",
     "LocalOnly",

@@ -13,6 +13,7 @@ import torch
 from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_model_, gradient_bytes
+from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.records import SyncRecord, SyncSummary
@@ -51,6 +52,10 @@ class SyncPolicy(abc.ABC):
         outer: an :class:`OuterOptimizer` applied after every parameter average (DiLoCo's
             outer step); None (default): plain averaging. Only for policies that average
             parameters (not BSP, not SelSync with ``aggregation="grads"``).
+        drift: a :class:`~hethpc.sync.drift.DriftCorrection`: between averages each replica
+            adds, per step, how much less than the average it moved in the last round (for
+            label-skewed data); None (default): none. Only for policies that average
+            parameters.
     """
 
     name: ClassVar[str] = ""
@@ -65,13 +70,16 @@ class SyncPolicy(abc.ABC):
         keep_records: bool = True,
         check_weights: bool = True,
         outer: OuterOptimizer | None = None,
+        drift: DriftCorrection | None = None,
     ) -> None:
-        if outer is not None and not self.averages_models:
-            raise ValueError(
-                f"an outer optimizer needs a policy that averages parameters (fedavg, local, "
-                f"selsync with aggregation 'params'), not {self.name!r}"
-            )
+        for what, given in (("an outer optimizer", outer), ("drift correction", drift)):
+            if given is not None and not self.averages_models:
+                raise ValueError(
+                    f"{what} needs a policy that averages parameters (fedavg, local, "
+                    f"selsync with aggregation 'params'), not {self.name!r}"
+                )
         self.outer = outer
+        self.drift = drift
         self.group = group
         self.keep_records = keep_records
         self.check_weights = check_weights
@@ -128,6 +136,8 @@ class SyncPolicy(abc.ABC):
         if weight is not None:
             self._round_sum += float(weight)
             self._round_n += 1
+        if self.drift is not None:
+            self.drift.apply([p.data for p in model.parameters()])
         out = self._step(model, optimizer, norm=norm, weight=weight)
         if out.model_averaged:
             self._diverged = False
@@ -185,8 +195,12 @@ class SyncPolicy(abc.ABC):
     def _average_params(self, model: torch.nn.Module, weight: float | None) -> int:
         """One fused model average, weighted by the samples each rank processed since the last
         one, then the outer step if there is one; returns bytes."""
+        if self.drift is not None:
+            self.drift.begin(p.data for p in model.parameters())
         nbytes = average_model_(model, weight=self._round_weight(weight), group=self.group)
         self._round_sum, self._round_n = 0.0, 0
+        if self.drift is not None:
+            self.drift.end([p.data for p in model.parameters()])
         if self.outer is not None:
             self.outer.apply(model)
         return nbytes
@@ -262,6 +276,7 @@ class SyncPolicy(abc.ABC):
             "round_sum": self._round_sum,
             "round_n": self._round_n,
             "outer": None if self.outer is None else self.outer.state_dict(),
+            "drift": None if self.drift is None else self.drift.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -297,3 +312,15 @@ class SyncPolicy(abc.ABC):
         if self.outer is not None:
             assert saved_outer is not None
             self.outer.load_state_dict(saved_outer)
+        saved_drift = state.get("drift")
+        if (saved_drift is None) != (self.drift is None):
+            raise SyncError(
+                "sync state was saved "
+                + ("without" if saved_drift is None else "with")
+                + " drift correction, but this run has it "
+                + ("on" if self.drift is not None else "off")
+                + "; resume with the same drift_correction setting"
+            )
+        if self.drift is not None:
+            assert saved_drift is not None
+            self.drift.load_state_dict(saved_drift)

@@ -9,6 +9,7 @@ import torch
 
 from hethpc.comm import Group
 from hethpc.sync.averaging import agree, average_gradients_
+from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.policy import Outcome, SyncPolicy
 from hethpc.sync.significance import (
@@ -52,6 +53,8 @@ class SelSync(SyncPolicy):
         keep_records: keep every step's record.
         outer: an :class:`~hethpc.sync.outer.OuterOptimizer` stepping after every parameter
             average (significance-triggered DiLoCo); only with ``aggregation="params"``.
+        drift: a :class:`~hethpc.sync.drift.DriftCorrection` for the local steps between
+            parameter averages; only with ``aggregation="params"``.
 
     Raises:
         ValueError: a setting is out of range or unknown.
@@ -71,6 +74,7 @@ class SelSync(SyncPolicy):
         group: Group | None = None,
         keep_records: bool = True,
         outer: OuterOptimizer | None = None,
+        drift: DriftCorrection | None = None,
     ) -> None:
         if aggregation not in AGGREGATIONS:
             raise ValueError(
@@ -86,12 +90,13 @@ class SelSync(SyncPolicy):
             raise ValueError(
                 f"max_local_steps must be None or an integer >= 0, got {max_local_steps!r}"
             )
-        if outer is not None and aggregation != "params":
-            raise ValueError(
-                "an outer optimizer steps on averaged parameters: use aggregation 'params', "
-                f"not {aggregation!r}"
-            )
-        super().__init__(group=group, keep_records=keep_records, outer=outer)
+        for what, given in (("an outer optimizer", outer), ("drift correction", drift)):
+            if given is not None and aggregation != "params":
+                raise ValueError(
+                    f"{what} works on averaged parameters: use aggregation 'params', "
+                    f"not {aggregation!r}"
+                )
+        super().__init__(group=group, keep_records=keep_records, outer=outer, drift=drift)
         self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
         self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
         self.forced_syncs = 0  # syncs that only the staleness bound asked for

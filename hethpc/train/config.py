@@ -73,6 +73,15 @@ class TrainConfig:
     dirichlet_alpha: float = _f(0.5, "concentration with --partition dirichlet (small = skewed)")
     inject_alpha: float = _f(0.0, "data injection: fraction of ranks that send samples each step")
     inject_beta: float = _f(0.0, "data injection: fraction of a sender's batch that is sent")
+    rebalance: str = _f(
+        "auto",
+        "unequal batches on partitioned data: each rank reads its partition's share of the "
+        "global batch and the slow ranks send what they do not compute on to the fast ones, so "
+        "every step draws from each partition as uniform batches do (a few samples per step). "
+        "auto: on with --batching dynamic or static, --partition labels or dirichlet, and "
+        "gradients averaged every step (sync bsp, or selsync with aggregation grads)",
+        choices=("auto", "on", "off"),
+    )
     # Model and optimisation
     model: str = _f(
         "cnn1d",
@@ -105,7 +114,7 @@ class TrainConfig:
     max_local_steps: int = _f(
         -1,
         "SelSync: synchronise anyway after this many local steps in a row, a staleness bound. "
-        "-1 (auto): 2 with --partition labels or dirichlet (label-skewed replicas drift apart "
+        "-1 (auto): 3 with --partition labels or dirichlet (label-skewed replicas drift apart "
         "between syncs), no bound with iid or seldp; 0: no bound (the published rule, the "
         "gradient votes alone decide)",
     )
@@ -135,6 +144,17 @@ class TrainConfig:
         0.5,
         "outer optimizer: momentum (DiLoCo's 0.9 is for rounds of ~500 steps; 0 with sgd and "
         "lr 1: plain averaging)",
+    )
+    drift_correction: str = _f(
+        "auto",
+        "policies that average parameters (selsync, fedavg, local): each replica adds, per "
+        "local step, how much less than the average it moved in the last round, so label-"
+        "skewed replicas stop drifting apart (SCAFFOLD's correction in parameter space; no "
+        "extra communication). auto: on with --partition labels or dirichlet",
+        choices=("auto", "on", "off"),
+    )
+    drift_smoothing: float = _f(
+        1.0, "drift correction: weight of the newest round in the average of rounds (0, 1]"
     )
     # Batching
     batching: str = _f(
@@ -273,6 +293,34 @@ class TrainConfig:
                 f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
                 "local",
                 key="outer_optimizer",
+            )
+        if not 0.0 < self.drift_smoothing <= 1.0:
+            raise ConfigError(
+                f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}",
+                key="drift_smoothing",
+            )
+        if self.drift_correction == "on" and (
+            self.sync in ("bsp", "ssp") or (self.sync == "selsync" and self.aggregation == "grads")
+        ):
+            raise ConfigError(
+                f"drift_correction = 'on' corrects local steps between parameter averages, but "
+                f"sync {self.sync}"
+                + (" with aggregation grads" if self.sync == "selsync" else "")
+                + " has none; use sync selsync (aggregation params), fedavg or local, or "
+                "drift_correction auto",
+                key="drift_correction",
+            )
+        if self.rebalance == "on" and self.pipeline_stages > 1:
+            raise ConfigError(
+                "rebalance = 'on' moves samples between data-parallel ranks, which is not built "
+                "for pipeline runs; use rebalance auto or off with pipeline_stages > 1",
+                key="rebalance",
+            )
+        if self.rebalance == "on" and self.sync == "ssp":
+            raise ConfigError(
+                "sync ssp lets ranks step at their own pace, but rebalancing exchanges samples "
+                "between ranks every step; use rebalance auto or off with ssp",
+                key="rebalance",
             )
         if self.inner_steps == "speed" and self.sync not in ("fedavg", "local"):
             raise ConfigError(

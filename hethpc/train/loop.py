@@ -258,6 +258,7 @@ def run_training(
     )
     policy = parts.make_policy(cfg, group=engine.group)
     injector = parts.make_injector(cfg)
+    rebalancer = parts.make_rebalancer(cfg, partition_lengths)
     spe = int(
         comm.allreduce_array(np.array([loader.steps_per_epoch(cfg.batch_size)]), ReduceOp.MIN)[0]
     )
@@ -357,14 +358,17 @@ def run_training(
                 b, big_b = int(sizes[engine.replica]), int(sizes.sum())
                 weight = parts.gradient_weight(
                     cfg.partition, rank=engine.replica, batch_sizes=sizes,
-                    partition_lengths=partition_lengths,
+                    partition_lengths=partition_lengths, rebalanced=rebalancer is not None,
                 )  # fmt: skip
                 ask = (
                     sizes
                     if injector is None
                     else np.array([injector.local_batch(int(s)) for s in sizes])
                 )
-                x, y = loader.next_batch(ask)
+                if rebalancer is None:
+                    x, y = loader.next_batch(ask)
+                else:  # each partition's share of the batch, the surplus to the fast ranks
+                    x, y = rebalancer.exchange(*loader.next_batch(rebalancer.reads(ask)), ask)
                 if injector is not None:
                     x, y = injector.exchange(x, y, step)
                 dog.kick(step, "compute")

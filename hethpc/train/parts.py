@@ -14,8 +14,15 @@ from torch import nn
 
 from hethpc.batching import BatchController, SlowdownSchedule
 from hethpc.comm import Group
-from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
-from hethpc.sync import OuterOptimizer, SyncPolicy
+from hethpc.data import (
+    ArrayDataset,
+    Injector,
+    Loader,
+    Rebalancer,
+    ShardedDataset,
+    make_partitioner,
+)
+from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
 from hethpc.train.config import TrainConfig
 
@@ -63,7 +70,12 @@ def make_loader(
 
 
 def gradient_weight(
-    partition: str, *, rank: int, batch_sizes: np.ndarray, partition_lengths: np.ndarray | None
+    partition: str,
+    *,
+    rank: int,
+    batch_sizes: np.ndarray,
+    partition_lengths: np.ndarray | None,
+    rebalanced: bool = False,
 ) -> float:
     """This rank's weight in the averaged update (the weights of all ranks sum to 1).
 
@@ -71,18 +83,41 @@ def gradient_weight(
     weight ``b_k / B`` makes the update the gradient of those ``B`` samples. In partitioned
     (non-IID) modes a rank's mean gradient stands for its own partition: weighting it by batch
     share would let the rank with the larger batch (the fast one, under dynamic batching) pull
-    the model toward its own labels, so the weight is the partition's share of the data.
+    the model toward its own labels, so the weight is the partition's share of the data;
+    unless the batches are rebalanced (:class:`~hethpc.data.Rebalancer`): the global batch
+    then draws from each partition in proportion, and ``b_k / B`` is exact again.
 
     Args:
         partition: the partition setting (``iid``, ``seldp``, ``labels``, ``dirichlet``).
         rank: this rank.
         batch_sizes: every rank's batch size this step.
         partition_lengths: every rank's number of samples (partitioned modes).
+        rebalanced: whether the batches were rebalanced.
     """
-    if partition in ("iid", "seldp") or partition_lengths is None:
+    if partition in ("iid", "seldp") or partition_lengths is None or rebalanced:
         return float(batch_sizes[rank]) / float(np.sum(batch_sizes))
     lengths = np.asarray(partition_lengths, dtype=np.float64)
     return float(lengths[rank] / lengths.sum())
+
+
+def make_rebalancer(
+    cfg: TrainConfig, partition_lengths: np.ndarray | None, *, group: Group | None = None
+) -> Rebalancer | None:
+    """The batch rebalancer, ``rebalance`` with auto resolved (on for unequal batches over a
+    label-skewed partition when gradients are averaged every step: bsp, or selsync with
+    aggregation grads); None when off or on IID data."""
+    skewed = cfg.partition in ("labels", "dirichlet") and partition_lengths is not None
+    unequal = cfg.batching in ("dynamic", "static")
+    auto = cfg.rebalance == "auto" and skewed and unequal and cfg.pipeline_stages == 1
+    # Only where gradients are averaged every step: with local steps between parameter
+    # averages the slow rank's small batch of its own labels then weighs b_k / B, and its drift
+    # correction grows unstable (bench_tta demo: SelSync 90.6 % with both, 94.1 % rebalanced
+    # without drift correction, 94.7-95.3 % with drift correction alone).
+    auto = auto and (cfg.sync == "bsp" or (cfg.sync == "selsync" and cfg.aggregation == "grads"))
+    if not (auto or (cfg.rebalance == "on" and skewed)):
+        return None
+    assert partition_lengths is not None
+    return Rebalancer(partition_lengths, group=group)
 
 
 def make_injector(cfg: TrainConfig) -> Injector | None:
@@ -120,9 +155,11 @@ def make_controller(
 
 
 # SelSync on label-skewed partitions: at most this many local steps between syncs (auto).
-# Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each): no bound 84.2 %
-# (9 % of steps synchronised), 4 steps 91.3 % (23 %), 2 steps 93.2 % (36 %), BSP 95.3 %.
-NON_IID_MAX_LOCAL_STEPS = 2
+# Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each), BSP 95.33 %:
+# without drift correction no bound 84.2 % (9 % of steps synchronised), 4 steps 91.3 % (23 %),
+# 2 steps 93.2 % (36 %); with it (the default there) 4 steps 95.48 % (23 %), 3 steps 95.63 %
+# (27 %), and SelSync with dynamic batching 94.10 % and 96.08 % at 4 and 3 steps.
+NON_IID_MAX_LOCAL_STEPS = 3
 
 
 def staleness_bound(cfg: TrainConfig) -> int | None:
@@ -130,6 +167,18 @@ def staleness_bound(cfg: TrainConfig) -> int | None:
     if cfg.max_local_steps == -1:
         return NON_IID_MAX_LOCAL_STEPS if cfg.partition in ("labels", "dirichlet") else None
     return cfg.max_local_steps or None
+
+
+def drift_correction(cfg: TrainConfig) -> DriftCorrection | None:
+    """The drift correction of a policy that averages parameters, ``drift_correction`` with
+    auto resolved (on for label-skewed partitions); None when off or when the policy averages
+    gradients (bsp, ssp, selsync with aggregation grads)."""
+    averages = cfg.sync in ("fedavg", "local") or (
+        cfg.sync == "selsync" and cfg.aggregation == "params"
+    )
+    skewed = cfg.partition in ("labels", "dirichlet")
+    on = cfg.drift_correction == "on" or (cfg.drift_correction == "auto" and skewed)
+    return DriftCorrection(cfg.drift_smoothing) if on and averages else None
 
 
 def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
@@ -146,17 +195,18 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
         return _make_sync_policy(
             "selsync", threshold=cfg.threshold, window=cfg.sync_window,
             aggregation=cfg.aggregation, group=group,
-            max_local_steps=staleness_bound(cfg), outer=outer,
+            max_local_steps=staleness_bound(cfg), outer=outer, drift=drift_correction(cfg),
         )  # fmt: skip
     if cfg.sync == "fedavg":
         return _make_sync_policy(
-            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer
-        )
+            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer,
+            drift=drift_correction(cfg),
+        )  # fmt: skip
     if cfg.sync == "bsp":
         return _make_sync_policy("bsp", check_weights=False, group=group)
     if cfg.sync == "ssp":
         return _make_sync_policy("ssp", staleness=cfg.staleness, group=group)
-    return _make_sync_policy(cfg.sync, group=group, outer=outer)
+    return _make_sync_policy(cfg.sync, group=group, outer=outer, drift=drift_correction(cfg))
 
 
 def inner_step_sizes(sizes: np.ndarray, replica: int, *, rows: int | None = None) -> list[int]:

@@ -14,9 +14,12 @@ from hethpc.data import (
     Injector,
     LabelSkewPartitioner,
     Loader,
+    Rebalancer,
     open_dataset,
+    proportional_shares,
     senders,
     share_size,
+    transfer_plan,
     write_dataset,
 )
 
@@ -90,3 +93,32 @@ def test_iid_slices_tile_every_global_batch(
         stream.extend(want)
     first = min(len(stream), 300)
     assert len(set(stream[:first])) == first, "no sample twice within an epoch"
+
+
+@pytest.mark.parametrize("sizes_of", ["fast_first", "fast_last", "equal"])
+def test_rebalancer_draws_each_partition_in_proportion(world: tuple[int, int],
+                                                       sizes_of: str) -> None:  # fmt: skip
+    """Every rank ends with its compute batch; the union holds each partition's share."""
+    rank, n = world
+    lengths = np.array([100 * (k + 1) for k in range(n)])
+    big_b = 60
+    if sizes_of == "equal":
+        sizes = np.full(n, big_b // n)
+    else:
+        sizes = np.array([16] * (n - 1) + [big_b - 16 * (n - 1)])
+        sizes = sizes[::-1].copy() if sizes_of == "fast_first" else sizes
+    reb = Rebalancer(lengths)
+    reads = reb.reads(sizes)
+    assert reads.tolist() == proportional_shares(big_b, lengths).tolist()
+    x = torch.stack([torch.full((reads[rank],), float(rank)),
+                     torch.arange(reads[rank], dtype=torch.float32)], dim=1)  # fmt: skip
+    y = torch.full((reads[rank],), rank, dtype=torch.int64)
+    bx, by = reb.exchange(x, y, sizes)
+    assert len(bx) == len(by) == sizes[rank]
+    assert torch.equal(bx[:, 0].long(), by)  # rows and labels travel together
+    kept = min(reads[rank], sizes[rank])
+    assert torch.equal(bx[:kept], x[:kept])  # its own first rows stay, in order
+    counts = comm.allreduce_array(np.bincount(by.numpy(), minlength=n))
+    assert counts.tolist() == reads.tolist()
+    moved = sum(c for s, d, c in transfer_plan(reads, sizes) if rank in (s, d))
+    assert reb.moved == moved
