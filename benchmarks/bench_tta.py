@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if not under_mpi():  # bounded at about 90 s per run (a run takes 30-120 s on 2 cores)
         runs = len(names) * len(methods)
         return relaunch(__file__, 2, timeout_s=max(1200, 90 * runs + 300))
+    started = time.perf_counter()
     comm.abort_on_exception()
     comm.init()
     out: dict[str, Any] = {}
@@ -291,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         for scen in out.values():
             for r in scen["methods"].values():
                 r.pop("curve")
+        took = round(time.perf_counter() - started)
         summary = {"goals": goal_figures(out), "scenarios": out, "epochs": args.epochs,
-                   "quick": args.quick}  # fmt: skip
+                   "quick": args.quick, "seconds": took}  # fmt: skip
         print(json.dumps(summary))
     return 0
 

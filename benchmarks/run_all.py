@@ -79,6 +79,10 @@ GOALS["bench_dynbatch"].update(
     {f"paced.{k}": (f"{goal}, paced", test) for k, (goal, test) in GOALS["bench_dynbatch"].items()}
 )
 
+# Default runs of these also write their tables and plots, which RESULTS.md then includes.
+EXTRA_ARGS = {"bench_tta": ["--plots", str(HERE / "plots"), "--tables", str(HERE / "TTA.md")]}
+INCLUDED = {"bench_tta": HERE / "TTA.md"}
+
 # Keys whose values are long lists of per-step or per-decision detail: kept out of the table.
 _LONG = 120
 
@@ -86,8 +90,7 @@ _LONG = 120
 def run_one(path: Path, *, quick: bool, timeout: float) -> tuple[dict | None, float, str]:
     """Run one benchmark; returns (its JSON line or None, seconds, tail of its output)."""
     cmd = ["flock", "/tmp/hethpc-bench.lock", sys.executable, str(path)]
-    if quick:
-        cmd.append("--quick")
+    cmd += ["--quick"] if quick else EXTRA_ARGS.get(path.stem, [])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # scripts/mpirun.sh sets the MPI settings
     t0 = time.perf_counter()
     try:
@@ -99,15 +102,19 @@ def run_one(path: Path, *, quick: bool, timeout: float) -> tuple[dict | None, fl
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         tail = f"timed out after {timeout:.0f} s\n" + out[-2000:]
     took = time.perf_counter() - t0
-    for line in reversed(out.strip().splitlines()):
+    return last_json(out), took, tail
+
+
+def last_json(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object (a benchmark's result), or None."""
+    for line in reversed(text.strip().splitlines()):
         try:
             value = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):
-            return value, took, tail
-        break
-    return None, took, tail
+            return value
+    return None
 
 
 def _rows(data: dict) -> list[tuple[str, object]]:
@@ -146,6 +153,10 @@ def render(results: dict[str, tuple[dict | None, float, str]], runs: dict[str, s
             goal, test = goals.get(key, ("", None))
             met = "" if test is None else ("yes" if test(value) else "no")  # type: ignore[operator]
             lines.append(f"| {name} | {key} | {json.dumps(value)} | {goal} | {met} |")
+    for name, path in INCLUDED.items():
+        if name in results and path.is_file():  # its tables and plots, under its own heading
+            body = path.read_text().split("\n", 1)[1]  # without its title
+            lines += ["", f"## {name}: `{path.name}`", "", body.strip()]
     lines += ["", "## Last JSON line of each benchmark", ""]
     for name, (data, _took, _tail) in results.items():
         if data is not None:
@@ -164,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="*", default=None, help="benchmarks to run, e.g. bench_loader or loader"
     )
     p.add_argument("--out", type=Path, default=HERE / "RESULTS.md", help="results file")
+    p.add_argument(
+        "--ingest", action="append", default=[], metavar="NAME=LOG[@SECONDS]",
+        help="record the last JSON line of LOG (a saved run of benchmark NAME, e.g. "
+        "bench_tta=/tmp/tta.log@1900) as its result, without running anything; SECONDS: how "
+        "long it ran (default: the result's own 'seconds')",
+    )  # fmt: skip
     args = p.parse_args(argv)
     paths = sorted(HERE.glob("bench_*.py"))
     if args.only:
@@ -184,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     store = args.out.with_suffix(".json")
     kept = json.loads(store.read_text()) if store.is_file() else {}
     ok = True
+    if args.ingest:
+        paths = []
+        for item in args.ingest:
+            name, _, rest = item.partition("=")
+            log, _, took_s = rest.partition("@")
+            data = last_json(Path(log).read_text()) if Path(log).is_file() else None
+            if not name.startswith("bench_") or data is None:
+                p.error(f"--ingest {item}: need NAME=LOG with a bench_* name and a log whose "
+                        "last JSON line is the result")  # fmt: skip
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(Path(log).stat().st_mtime))
+            seconds = round(float(took_s or data.get("seconds", 0)))
+            kept[name] = {"data": data, "seconds": seconds, "tail": "", "when": when,
+                          "quick": bool(data.get("quick", False))}  # fmt: skip
     for path in paths:
         print(f"== {path.name}", flush=True)
         data, took, tail = run_one(path, quick=args.quick, timeout=args.timeout)

@@ -3,9 +3,11 @@
     .venv/bin/python jobs/report.py runs/demo
     .venv/bin/python jobs/report.py runs/bsp runs/selsync --out plots/compare
 
-Reads <run>/metrics/rank<k>.jsonl and <run>/summary.json and writes PNGs: loss and accuracy
-against steps and time, per-rank batch size and compute time against steps, and the sync
-decisions over steps. Several runs are drawn side by side (one line or panel per run).
+Reads <run>/metrics/rank<k>.jsonl and <run>/summary.json and writes PNGs: loss and the test
+accuracy of the averaged model against steps and time (with the final point), per-rank batch
+sizes with the batch that measured speed calls for, per-rank compute time (rolling median, one
+scale), and the cumulative fraction of steps synchronised with a rug of the SYNC steps.
+Several runs are drawn side by side (one line or panel per run).
 """
 
 from __future__ import annotations
@@ -93,20 +95,20 @@ def plot_curves(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return [path]
 
 
-def plot_per_rank(runs: list[dict[str, Any]], out: Path, key: str, label: str, name: str) -> Path:
-    """One panel per run, one line per rank, of ``key`` against the step."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
-    for ax, run in zip(axes[0], runs, strict=True):
-        for rank, recs in enumerate(run["steps"]):
-            y = _col(recs, key)
-            if key == "compute_s":
-                y = 1000 * y
-            ax.plot(_col(recs, "step"), y, label=f"rank {rank}", lw=1)
-        ax.set_title(run["name"])
-        ax.set_xlabel("step")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
+def _rolling_median(y: np.ndarray, k: int) -> np.ndarray:
+    """The median of each window of ``k`` points ending there (shorter at the start)."""
+    if k <= 1 or len(y) == 0:
+        return y
+    return np.array([np.nanmedian(y[max(0, i - k + 1) : i + 1]) for i in range(len(y))])
+
+
+def _panels(runs: list[dict[str, Any]]) -> tuple[Any, Any]:
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False,
+                             sharey=True)  # fmt: skip
+    return fig, axes[0]
+
+
+def _save(fig: Any, out: Path, name: str) -> Path:
     fig.tight_layout()
     path = out / name
     fig.savefig(path, dpi=110)
@@ -114,27 +116,90 @@ def plot_per_rank(runs: list[dict[str, Any]], out: Path, key: str, label: str, n
     return path
 
 
+def proportional_targets(runs_steps: list[list[dict[str, Any]]], k: int = 25) -> np.ndarray:
+    """Per rank and step, the batch in proportion to the ranks' measured throughput (samples per
+    second of compute, rolling medians over ``k`` steps), with the global batch of that step:
+    what a perfect balance would give. Shape ``[ranks, steps]`` (the shortest rank's steps)."""
+    n = min(len(recs) for recs in runs_steps)
+    b = np.array([_col(recs[:n], "batch") for recs in runs_steps])
+    c = np.array([_col(recs[:n], "compute_s") for recs in runs_steps])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speed = np.array([_rolling_median(row, k) for row in b / c])
+        return b.sum(axis=0) * speed / speed.sum(axis=0)
+
+
+def plot_batches(runs: list[dict[str, Any]], out: Path) -> Path:
+    """One panel per run: each rank's batch against the step, its proportional target dashed;
+    the y axis starts at 0 and is shared, so equal batches read as equal."""
+    fig, axes = _panels(runs)
+    for ax, run in zip(axes, runs, strict=True):
+        target = proportional_targets(run["steps"]) if len(run["steps"]) > 1 else None
+        sizes = [_col(recs, "batch") for recs in run["steps"]]
+        equal = len(sizes) > 1 and all(np.array_equal(b, sizes[0]) for b in sizes[1:])
+        if equal:  # one line, not N drawn on top of each other
+            ax.plot(_col(run["steps"][0], "step"), sizes[0], lw=1.6, color="black",
+                    label=f"every rank (ranks 0-{len(sizes) - 1}, equal)")  # fmt: skip
+        for rank, recs in enumerate(run["steps"]):
+            step = _col(recs, "step")
+            # Drawn (invisibly when equal) for its colour, which the dashed target shares.
+            (line,) = ax.plot(step, sizes[rank], lw=1.2, alpha=0 if equal else 1,
+                              label=None if equal else f"rank {rank}")  # fmt: skip
+            if target is not None:
+                ax.plot(step[: target.shape[1]], target[rank], "--", lw=0.9,
+                        color=line.get_color(), label=f"rank {rank}: by speed")  # fmt: skip
+        ax.set_title(run["name"])
+        ax.set_xlabel("step")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("batch size (samples)")
+    fig.suptitle("batch size per rank; dashed: the batch that measured speed calls for")
+    return _save(fig, out, "batch_sizes.png")
+
+
+def plot_compute(runs: list[dict[str, Any]], out: Path, k: int = 25) -> Path:
+    """One panel per run: each rank's compute per step (rolling median over ``k`` steps, so a
+    spike does not hide the balance), on one shared y scale from 0."""
+    fig, axes = _panels(runs)
+    top = 0.0
+    for ax, run in zip(axes, runs, strict=True):
+        for rank, recs in enumerate(run["steps"]):
+            y = _rolling_median(1000 * _col(recs, "compute_s"), k)
+            ax.plot(_col(recs, "step"), y, lw=1.2, label=f"rank {rank}")
+            if np.isfinite(y).any():  # the scale follows the run, not its first warm-up steps
+                top = max(top, float(np.nanpercentile(y, 99)))
+        ax.set_title(run["name"])
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.3 * top if top > 0 else None)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"compute per step (ms, median of {k})")
+    fig.suptitle("forward + backward time per rank: balanced when the lines meet")
+    return _save(fig, out, "compute.png")
+
+
 def plot_sync(runs: list[dict[str, Any]], out: Path) -> Path:
-    """SYNC/LOCAL per step (ticks) and the running fraction of steps synchronised."""
-    fig, ax = plt.subplots(figsize=(11, 4))
+    """The cumulative fraction of steps synchronised, and below it a rug of the SYNC steps
+    (one row per run)."""
+    ratios = [4, 0.35 + 0.35 * len(runs)]
+    fig, (ax, rug) = plt.subplots(2, 1, figsize=(11, 4.8), sharex=True,
+                                  gridspec_kw={"height_ratios": ratios})  # fmt: skip
     for i, run in enumerate(runs):
         r0 = run["steps"][0]
         step, synced = _col(r0, "step"), _col(r0, "synced")
         frac = np.cumsum(synced) / np.arange(1, len(synced) + 1)
-        (line,) = ax.plot(step, frac, label=f"{run['name']}: fraction synchronised so far")
+        (line,) = ax.plot(step, 100 * frac, label=run["name"])
         sync_steps = step[synced > 0]
-        ax.plot(sync_steps, np.full(len(sync_steps), -0.05 - 0.05 * i), "|", color=line.get_color(),
-                ms=8, label=f"{run['name']}: SYNC steps")  # fmt: skip
-    ax.set_ylim(-0.1 - 0.05 * len(runs), 1.05)
-    ax.set_xlabel("step")
-    ax.set_ylabel("fraction of steps synchronised")
+        rug.plot(sync_steps, np.full(len(sync_steps), i), "|", color=line.get_color(), ms=9)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("steps synchronised so far (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "sync.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    rug.set_yticks(range(len(runs)), [r["name"] for r in runs], fontsize=8)
+    rug.set_ylim(-0.6, len(runs) - 0.4)
+    rug.set_xlabel("step")
+    rug.set_title("SYNC steps", fontsize=8, loc="left")
+    return _save(fig, out, "sync.png")
 
 
 def time_to_baseline(runs: list[dict[str, Any]]) -> str:
@@ -180,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.runs[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_curves(runs, out)
-    paths.append(plot_per_rank(runs, out, "batch", "batch size", "batch_sizes.png"))
-    paths.append(plot_per_rank(runs, out, "compute_s", "compute per step (ms)", "compute.png"))
+    paths.append(plot_batches(runs, out))
+    paths.append(plot_compute(runs, out))
     paths.append(plot_sync(runs, out))
     print(format_summary([r["summary"] for r in runs], names=[r["name"] for r in runs]))
     if len(runs) > 1:

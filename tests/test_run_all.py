@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -26,3 +29,21 @@ def test_the_paced_dynamic_batching_run_is_held_to_the_same_goals() -> None:
     assert lines["speedup"].endswith("| no |")
     assert lines["paced.speedup"].endswith("| yes |") and "paced" in lines["paced.speedup"]
     assert lines["paced.steady_adjustments"].endswith("| no |")
+
+
+def test_a_saved_run_is_ingested_with_its_goals_and_tables(tmp_path: Path) -> None:
+    log = tmp_path / "tta.log"
+    goals = {"demo_time_ratio": 0.55, "demo_acc_gap_points": 0.3, "skew_selsync_acc_gap_points":
+             -0.15, "skew_selsync_sync_fraction": 0.23}  # long: one row per goal  # fmt: skip
+    log.write_text(f"launching\n{json.dumps({'goals': goals, 'quick': False})}\ntrailer\n")
+    out = tmp_path / "RESULTS.md"
+    assert run_all.main(["--ingest", f"bench_tta={log}@1900", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "bench_tta: " in text and "default run, 1900 s" in text
+    assert "| bench_tta | goals.demo_time_ratio | 0.55 | <= 0.6" in text and "| yes |" in text
+    assert "## bench_tta: `TTA.md`" in text  # its tables and plots follow
+    assert (tmp_path / "RESULTS.json").is_file()
+    bad = tmp_path / "empty.log"
+    bad.write_text("no result\n")
+    with pytest.raises(SystemExit):
+        run_all.main(["--ingest", f"bench_tta={bad}", "--out", str(out)])

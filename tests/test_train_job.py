@@ -380,3 +380,63 @@ def test_speed_sized_local_steps_give_the_fast_rank_more(cache: Path, tmp_path: 
                 if m["kind"] == "step"][-10:] for r in (0, 1)}  # fmt: skip
     assert min(late[0]) >= 2 and set(late[1]) == {1}, late
     assert json.loads((run / "summary.json").read_text())["test_acc"] > 0.2
+
+
+def test_drift_corrected_selsync_on_skewed_labels_resumes_bit_identical(
+    cache: Path, tmp_path: Path
+) -> None:
+    """Label skew turns drift correction on (auto); its corrections are in the checkpoint."""
+    skew = ("--partition", "labels", "--labels-per-rank", "5", "--sync", "selsync")
+    whole, run = tmp_path / "whole", tmp_path / "killed"
+    proc, _ = _launch(_args(cache, whole, *skew))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, _ = _launch(_args(cache, run, *skew, "--fault", "1:25:kill"))
+    assert proc.returncode != 0
+    proc, _ = _launch(_args(cache, run, *skew, "--resume"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want, got = _final(whole), _final(run)
+    assert want["policy"]["drift"]["drift"] is not None  # on, and it corrected something
+    for k, v in want["model"].items():
+        assert torch.equal(v, got["model"][k]), k
+
+
+def test_unequal_batches_on_skewed_labels_are_rebalanced(cache: Path, tmp_path: Path) -> None:
+    """Static batches 3:1 on a label partition with BSP: each rank reads half of every global
+    batch and rank 1 sends the rest of its half to rank 0, so rank 0 trains on both ranks'
+    labels (the step records show the computed batches)."""
+    run = tmp_path / "rebalanced"
+    proc, _ = _launch(_args(cache, run, "--partition", "labels", "--labels-per-rank", "5",
+                            "--batching", "static", "--weights", "3,1",
+                            "--checkpoint-every", "0"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    batches = {r: {m["batch"] for m in read_metrics(run / "metrics" / f"rank{r}.jsonl")
+                   if m["kind"] == "step"} for r in (0, 1)}  # fmt: skip
+    assert batches == {0: {48}, 1: {16}}, batches
+    assert json.loads((run / "summary.json").read_text())["test_acc"] > 0.2
+
+
+def test_csv_tensorboard_and_plain_progress_lines(cache: Path, tmp_path: Path) -> None:
+    """--csv and --tensorboard write rank 0's records; with output to a pipe, progress is a
+    plain line every --progress-every-s, never a bar's carriage returns."""
+    run = tmp_path / "logs"
+    proc, _ = _launch(_args(cache, run, "--csv", "true", "--tensorboard", "true",
+                            "--progress", "true", "--progress-every-s", "0.001",
+                            "--checkpoint-every", "0"))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "\r" not in out and "step 50/50 (100 %)" in out, out
+    assert "epoch 2/2  test accuracy" in out
+    import csv
+
+    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    steps = [r for r in rows if r["kind"] == "step"]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    assert [int(r["step"]) for r in steps] == list(range(50)) and len(epochs) == 2
+    assert all(r["test_acc"] == "" for r in steps) and float(epochs[-1]["test_acc"]) > 0.2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "batch/rank0", "batch/rank1", "test/acc"} <= tags, tags
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(50))

@@ -225,7 +225,27 @@ class TrainConfig:
     watchdog_max_s: float = _f(
         1800.0, "the watchdog's limit never grows past this (seconds)", operational=True
     )
-    progress: bool = _f(True, "rank 0 shows a progress bar", local=True)
+    progress: bool = _f(
+        True,
+        "rank 0 shows progress: a bar on a terminal, else (a SLURM log, a pipe) a plain line "
+        "every --progress-every-s seconds",
+        local=True,
+    )
+    progress_every_s: float = _f(
+        30.0, "seconds between plain progress lines when the output is not a terminal", local=True
+    )
+    csv: bool = _f(
+        False,
+        "also write rank 0's metrics to <run-dir>/csv/metrics.csv (one row per step or epoch "
+        "record, as Lightning's CSVLogger)",
+        operational=True,
+    )
+    tensorboard: bool = _f(
+        False,
+        "also write TensorBoard event files to <run-dir>/tensorboard (torch.utils.tensorboard; "
+        "view with: tensorboard --logdir <run-dir>/tensorboard)",
+        operational=True,
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -260,6 +280,7 @@ class TrainConfig:
             "max_skipped_steps",
             "watchdog_s",
             "watchdog_max_s",
+            "progress_every_s",
             "threshold",
             "weight_decay",
             "staleness",

@@ -42,6 +42,7 @@ from hethpc.train.guards import (
 )
 from hethpc.train.losses import make_loss
 from hethpc.train.metrics import open_run
+from hethpc.train.progress import Progress
 from hethpc.train.rng import seed_rank
 from hethpc.train.rundir import RunDirError, claim, next_run_dir
 from hethpc.train.state import Pieces, gather_state, restore_state
@@ -131,14 +132,6 @@ def nonfinite_advice(cfg: TrainConfig, step: int, in_a_row: int, ranks: list[int
         f"Likely cause: the learning rate is too large for this model (--lr {cfg.lr}), or the "
         "data holds NaN/Inf values. Lower --lr, check the data, or raise --max-skipped-steps"
     )
-
-
-def _progress(total: int, initial: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0)
 
 
 def train(
@@ -327,7 +320,7 @@ def run_training(
         f"epoch, {total} steps, sync {cfg.sync}, batching {cfg.batching}, partition "
         f"{cfg.partition}"
     )
-    metrics = open_run(run_dir, cfg.to_dict())
+    metrics = open_run(run_dir, cfg.to_dict(), csv_log=cfg.csv, tensorboard=cfg.tensorboard)
     comm.set_link(comm.parse_link(cfg.link))  # emulation: every transfer as slow as the link
     params = list(module.parameters())
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
@@ -335,7 +328,13 @@ def run_training(
     bsp_guard = cfg.sync == "bsp" and not engine.saves_own_state
     average_at_eval = cfg.sync != "bsp" and not engine.saves_own_state and size > 1
     guard = AveragedGradientGuard(optimizer) if bsp_guard else None
-    bar = _progress(total, start, cfg.progress and rank == 0)
+    bar = (
+        Progress(total, start, every_s=cfg.progress_every_s, log=say)
+        if cfg.progress and rank == 0
+        else None
+    )
+    if bar is not None:
+        say = bar.write  # messages from here on never land inside the bar
     seen = in_a_row = 0
     first_loss: torch.Tensor | None = None
     last_losses: deque[torch.Tensor] = deque(maxlen=10)
@@ -467,6 +466,7 @@ def run_training(
                         skipped=bool(bad),
                         lr=scheduler.get_last_lr()[0],
                         **({"local_steps": local_steps} if cfg.inner_steps == "speed" else {}),
+                        **({"batch_sizes": sizes.tolist()} if rank == 0 and size > 1 else {}),
                         **engine.step_fields(),
                         **(
                             {
@@ -478,16 +478,13 @@ def run_training(
                         ),
                     )
                 if bar is not None:
+                    shown = None
                     if step % 20 == 0 or step + 1 == total:
                         shown = {"acc": f"{float(acc):.2f}"} if classify and out is not None else {}
                         if loss is not None:
                             shown = {"loss": f"{float(loss.detach()):.3f}", **shown}
-                        bar.set_postfix(
-                            **shown,
-                            sps=f"{seen / (time.perf_counter() - t0):,.0f}",
-                            refresh=False,
-                        )
-                    bar.update(1)
+                        shown["sps"] = f"{seen / (time.perf_counter() - t0):,.0f}"
+                    bar.update(shown)
                 epoch_done = (step + 1) % spe == 0
                 if epoch_done:
                     metrics.flush()
@@ -514,10 +511,7 @@ def run_training(
                         f"epoch {(step + 1) // spe}/{cfg.epochs}  {describe(key, got)}  "
                         f"({now:.1f} s)"
                     )
-                    if bar is not None:
-                        bar.write(msg)
-                    else:
-                        say(msg)
+                    say(msg)
                 if (
                     cfg.checkpoint_every
                     and (step + 1) % cfg.checkpoint_every == 0

@@ -11,6 +11,7 @@ from typing import IO, Any
 import torch
 
 from hethpc import comm
+from hethpc.train.loggers import Sink, make_sinks
 
 
 def _clean(value: Any) -> Any:
@@ -33,14 +34,24 @@ class MetricsWriter:
         run_dir: the run directory.
         rank: this process's rank (names the file).
         buffer: records held before an automatic flush.
+        sinks: more outputs (CSV, TensorBoard: :mod:`hethpc.train.loggers`) that get the same
+            records at every flush.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], rank: int, *, buffer: int = 1000) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        *,
+        buffer: int = 1000,
+        sinks: list[Sink] | None = None,
+    ) -> None:
         self.path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a")
         self._buffer = max(1, int(buffer))
         self._pending: list[dict[str, Any]] = []
+        self.sinks = list(sinks or [])
 
     def write(self, kind: str, **fields: Any) -> None:
         """Queue one record ``{"kind": kind, **fields}``."""
@@ -54,10 +65,12 @@ class MetricsWriter:
         """Write the queued records and flush the file."""
         if self._file is None or not self._pending:
             return
-        lines = [json.dumps({k: _clean(v) for k, v in r.items()}) for r in self._pending]
+        records = [{k: _clean(v) for k, v in r.items()} for r in self._pending]
         self._pending.clear()
-        self._file.write("\n".join(lines) + "\n")
+        self._file.write("\n".join(json.dumps(r) for r in records) + "\n")
         self._file.flush()
+        for sink in self.sinks:
+            sink.write_many(records)
 
     def close(self) -> None:
         """Write what is queued and close the file."""
@@ -65,6 +78,8 @@ class MetricsWriter:
             self.flush()
             self._file.close()
             self._file = None
+            for sink in self.sinks:
+                sink.close()
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -85,13 +100,19 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-def open_run(run_dir: Path, config: dict[str, Any]) -> MetricsWriter:
+def open_run(
+    run_dir: Path, config: dict[str, Any], *, csv_log: bool = False, tensorboard: bool = False
+) -> MetricsWriter:
     """Start a run on every rank: rank 0 writes ``config.json``; returns this rank's writer.
 
-    A collective (a barrier), so no rank writes metrics into a directory not yet made.
+    Rank 0's writer also feeds ``<run_dir>/csv/metrics.csv`` and ``<run_dir>/tensorboard/``
+    when asked. A collective (a barrier), so no rank writes metrics into a directory not yet
+    made.
     """
+    sinks: list[Sink] = []
     if comm.rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        sinks = make_sinks(run_dir, csv_log=csv_log, tensorboard=tensorboard)
     comm.barrier()
-    return MetricsWriter(run_dir, comm.rank())
+    return MetricsWriter(run_dir, comm.rank(), sinks=sinks)
