@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hethpc.pipeline import (
-    ScheduleError,
+from hethpc.comm.progress import auto_interval
+from hethpc.pipeline import ScheduleError
+from hethpc.pipeline.schedule import (
     Task,
     bubble_fraction,
     clock,
@@ -17,7 +18,6 @@ from hethpc.pipeline import (
     peak_in_flight,
     stage_tasks,
 )
-from hethpc.pipeline.progress import auto_interval
 
 SIZES = [
     pytest.param(1, 1, id="P1-m1"),

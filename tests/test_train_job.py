@@ -395,9 +395,13 @@ def test_drift_corrected_selsync_on_skewed_labels_resumes_bit_identical(
     proc, _ = _launch(_args(cache, run, *skew, "--resume"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     want, got = _final(whole), _final(run)
-    assert want["policy"]["drift"]["drift"] is not None  # on, and it corrected something
-    for k, v in want["model"].items():
-        assert torch.equal(v, got["model"][k]), k
+    for r, (w, g) in enumerate(zip(want["ranks"], got["ranks"], strict=True)):
+        assert w["policy"]["drift"]["drift"] is not None  # on, and it corrected something
+        for a, b in zip(w["policy"]["drift"]["drift"], g["policy"]["drift"]["drift"],
+                        strict=True):  # fmt: skip
+            assert torch.equal(a, b), r
+        for k, v in w["model"].items():  # every rank's replica
+            assert torch.equal(v, g["model"][k]), (r, k)
 
 
 def test_unequal_batches_on_skewed_labels_are_rebalanced(cache: Path, tmp_path: Path) -> None:

@@ -7,11 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hethpc.batching.errors import AllocationError
+
 Bound = int | Sequence[int] | np.ndarray | None
-
-
-class AllocationError(ValueError):
-    """The global batch cannot be split within the bounds, or the inputs are not usable."""
 
 
 def _bounds(name: str, value: Bound, n: int, default: int | None) -> list[int] | None:

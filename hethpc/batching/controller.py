@@ -13,14 +13,11 @@ import torch
 from hethpc import comm
 from hethpc.batching.allocation import Bound, allocate
 from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.errors import BatchingError
 from hethpc.batching.estimate import TimeEstimator, common_cut
 from hethpc.batching.slowdown import STRETCH_MODES, Slowdown, SlowdownSchedule, stretch
 
 MODES = ("dynamic", "static", "uniform")
-
-
-class BatchingError(ValueError):
-    """A batch-controller setting is invalid, or the ranks disagree on one."""
 
 
 class BatchController:

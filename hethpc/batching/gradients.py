@@ -8,10 +8,8 @@ from collections.abc import Iterable
 import torch
 
 from hethpc import comm
-
-
-class WeightError(ValueError):
-    """The ranks' gradient weights are not usable (not finite, negative, or not summing to 1)."""
+from hethpc.batching.errors import WeightError
+from hethpc.sync.averaging import average_gradients_
 
 
 def weighted_gradient_allreduce(
@@ -55,11 +53,4 @@ def weighted_gradient_allreduce(
                 f"got {ws} (sum {total}); pass weight=b_k/B with the sizes of the same step on "
                 "every rank"
             )
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params if p.grad is not None]
-    # Horovod requires the same prescale factor on every rank, so scale by hand first.
-    for t in grads:
-        t.mul_(w)
-    comm.grouped_allreduce_(grads, comm.ReduceOp.SUM, group=g, name="hethpc.weighted_grads")
+    average_gradients_(params, weight=w, group=g, name="hethpc.weighted_grads")

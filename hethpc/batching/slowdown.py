@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class SlowdownError(ValueError):
-    """A slowdown specification cannot be parsed or is out of range."""
+from hethpc.batching.errors import SlowdownError
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,13 @@ import re
 import time
 from dataclasses import dataclass
 
+from hethpc.comm.errors import LinkError
+
 _UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
           "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}  # fmt: skip
 _TIMES = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _NUMBER = r"([0-9.]+(?:e[+-]?\d+)?)"
 _SPEC = re.compile(rf"^\s*{_NUMBER}\s*([a-z]+)\s*(?::\s*{_NUMBER}\s*([a-z]+))?\s*$")
-
-
-class LinkError(ValueError):
-    """A link setting cannot be read."""
 
 
 @dataclass(frozen=True)

@@ -17,3 +17,7 @@ class PartitionError(ValueError):
 
 class LoaderError(ValueError):
     """The loader was asked for something its data cannot give (a batch larger than a partition)."""
+
+
+class SourceError(DatasetError):
+    """A source file is missing a part, malformed, truncated or not of the format asked for."""

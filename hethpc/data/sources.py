@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from hethpc.data.errors import DatasetError
+from hethpc.data.errors import DatasetError, SourceError
 
 Pieces = Iterator[tuple[np.ndarray, np.ndarray]]
 PIECE = 8192  # samples per piece
@@ -31,10 +31,6 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 _NPY_MAGIC = b"\x93NUMPY"
 _BLOCK = 1 << 20  # bytes per read when measuring a gzipped file
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
-
-
-class SourceError(DatasetError):
-    """A source file is missing a part, malformed, truncated or not of the format asked for."""
 
 
 def holdout(

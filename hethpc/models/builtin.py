@@ -8,11 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from hethpc.models.errors import ModelError
 from hethpc.models.factory import ImportSpecError, import_object
-
-
-class ModelError(ValueError):
-    """A user's model factory failed or returned something that is not a model."""
 
 
 def mlp(

@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-class ImportSpecError(ValueError):
-    """An import path (``module:name``) does not name something that can be loaded."""
+from hethpc.models.errors import ImportSpecError
 
 
 def import_object(spec: str, *, what: str = "object") -> Any:

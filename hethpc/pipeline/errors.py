@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class PartitionError(ValueError):
+class BalanceError(ValueError):
     """A model cannot be cut into the requested stages (bad counts, too few layers)."""
 
 

@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.comm import Group, ReduceOp
+from hethpc.comm import Group
+from hethpc.comm.progress import Lookahead, Progress, auto_interval
 from hethpc.pipeline.backward import can_split, input_gradient, tapped_forward, weight_gradients
+from hethpc.pipeline.balance import partition_by_counts, partition_by_params, split_model
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
-from hethpc.pipeline.partition import partition_by_counts, partition_by_params, split_model
-from hethpc.pipeline.progress import Lookahead, Progress, auto_interval
 from hethpc.pipeline.schedule import BACKWARD, FORWARD, make_schedule, stage_tasks
+from hethpc.sync.averaging import average_gradients_
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -384,22 +385,9 @@ class Pipeline:
         return n
 
     def _reduce_replicas(self, dp_weight: float | None) -> None:
-        g = self.dp_group
-        if g is None:
-            return
-        grads = []
-        for p in self.module.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        if dp_weight is None:
-            comm.grouped_allreduce_(grads, ReduceOp.AVERAGE, group=g, name="hethpc.pipeline.grads")
-        else:
-            # Horovod needs the same prescale factor on every rank, so weights apply locally.
-            for t in grads:
-                t.mul_(dp_weight)
-            comm.grouped_allreduce_(grads, ReduceOp.SUM, group=g, name="hethpc.pipeline.grads")
+        if self.dp_group is not None:  # the one weighted gradient sum of data parallelism
+            average_gradients_(self.module.parameters(), weight=dp_weight, group=self.dp_group,
+                               name="hethpc.pipeline.grads")  # fmt: skip
 
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -80,7 +80,11 @@ def agree(vote: bool, weight: float | None, *, group: Group | None = None) -> in
 def _reduce_(
     tensors: list[torch.Tensor], weight: float | None, group: Group | None, name: str
 ) -> None:
-    if _size(group) == 1 or not tensors:
+    if not tensors:
+        return
+    if _size(group) == 1:  # the sum over one rank: its own tensors, weighted
+        if weight is not None and weight != 1.0:
+            torch._foreach_mul_(tensors, weight)
         return
     if weight is None:
         comm.grouped_allreduce_(tensors, ReduceOp.AVERAGE, group=group, name=name)
@@ -149,13 +153,23 @@ def average_gradients_(
     *,
     weight: float | None = None,
     group: Group | None = None,
+    name: str = "hethpc.sync.grads",
 ) -> int:
     """Average the gradients of ``parameters`` across ranks, in place: one fused allreduce.
+
+    hethpc's one weighted gradient sum: BSP, dynamic batching
+    (:func:`hethpc.batching.weighted_gradient_allreduce`) and pipeline replicas call it.
 
     A parameter that requires a gradient but has none gets zeros first (as
     ``hvd.DistributedOptimizer`` does), so every rank contributes the same list of tensors.
     With ``weight = b_k / B`` each rank's mean gradient is scaled by it and the ranks sum: the
     result is the gradient of the whole global batch.
+
+    Args:
+        parameters: the model's parameters, the same list in the same order on every rank.
+        weight: this rank's ``b_k / B``; None: a plain average.
+        group: the ranks that average (default: the world).
+        name: the Horovod name of the collective (the same on every rank).
 
     Returns:
         The payload bytes this rank put into the allreduce.
@@ -167,7 +181,7 @@ def average_gradients_(
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)
-    _reduce_(grads, weight, group, "hethpc.sync.grads")
+    _reduce_(grads, weight, group, name)
     return payload_bytes(grads)
 
 

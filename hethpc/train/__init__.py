@@ -14,12 +14,11 @@ from hethpc.train.config import (
     toml_sources,
 )
 from hethpc.train.coordinator import Coordinator
+from hethpc.train.errors import ModelMismatchError, NonFiniteError
 from hethpc.train.evaluation import accuracy, evaluate
 from hethpc.train.faults import Fault
 from hethpc.train.fit import fit
 from hethpc.train.guards import (
-    ModelMismatchError,
-    NonFiniteError,
     check_same_model,
     local_nonfinite,
     model_signature,

@@ -14,11 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hethpc.train.errors import CheckpointError
+
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """No valid checkpoint could be read, or one could not be written."""
 
 
 class CheckpointWarning(UserWarning):

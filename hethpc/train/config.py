@@ -15,18 +15,7 @@ from typing import Any
 
 from hethpc import comm
 from hethpc.comm import Group, LinkError, parse_link
-
-
-class ConfigError(ValueError):
-    """A setting is invalid, unknown, or differs between ranks.
-
-    Attributes:
-        key: the setting at fault, when there is one (so the caller can say where it was set).
-    """
-
-    def __init__(self, message: str, *, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
+from hethpc.train.errors import ConfigError
 
 
 def _f(

@@ -11,14 +11,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
-
-
-class ModelMismatchError(ValueError):
-    """The ranks' models differ in parameter names, shapes or dtypes."""
-
-
-class NonFiniteError(FloatingPointError):
-    """A loss or gradient was NaN or Inf and the run is set to stop."""
+from hethpc.train.errors import ModelMismatchError
 
 
 def model_signature(model: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:

@@ -30,11 +30,11 @@ from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
 from hethpc.train.config import ConfigError, TrainConfig, check_same_config, resume_differences
 from hethpc.train.engine import check_pipeline_config, make_engine
+from hethpc.train.errors import NonFiniteError
 from hethpc.train.evaluation import Metric, accuracy, evaluate, metric_key
 from hethpc.train.faults import Fault, apply_faults
 from hethpc.train.guards import (
     AveragedGradientGuard,
-    NonFiniteError,
     check_same_model,
     local_nonfinite,
     nonfinite_ranks,
@@ -45,7 +45,7 @@ from hethpc.train.metrics import open_run
 from hethpc.train.progress import Progress
 from hethpc.train.rng import seed_rank
 from hethpc.train.rundir import RunDirError, claim, next_run_dir
-from hethpc.train.state import Pieces, gather_state, restore_state
+from hethpc.train.state import Components, gather_state, restore_state
 from hethpc.train.watchdog import Watchdog
 
 
@@ -261,7 +261,7 @@ def run_training(
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
     optimizer, scheduler = make_optimizer(cfg, module, total)
-    pieces = Pieces(module, optimizer, scheduler, loader, controller, policy)
+    components = Components(module, optimizer, scheduler, loader, controller, policy)
 
     start, elapsed0 = 0, 0.0
     synced = skipped = 0  # the job's own counts, carried across a resume
@@ -290,7 +290,7 @@ def run_training(
             elapsed0 = float(state["elapsed_s"])
             counters = state.get("counters", {})
             synced, skipped = int(counters.get("synced", 0)), int(counters.get("skipped", 0))
-            same = restore_state(state, pieces, seed=cfg.seed)
+            same = restore_state(state, components, seed=cfg.seed)
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {start}{how}")
 
@@ -302,7 +302,7 @@ def run_training(
         metrics.flush()  # the records up to a checkpoint are on disk before it is
         dog.kick(step, "checkpoint")
         state = gather_state(
-            pieces,
+            components,
             step=step,
             elapsed_s=elapsed0 + time.perf_counter() - t0,
             config=cfg.to_dict(),

@@ -8,16 +8,12 @@ import shutil
 import time
 from pathlib import Path
 
-from hethpc.train.config import ConfigError
+from hethpc.train.errors import RunDirError
 
 MARKER = ".hethpc-run"
 # What hethpc writes into a run directory; --overwrite removes these and nothing else.
 OWN_FILES = ("config.json", "summary.json")
 OWN_DIRS = ("metrics", "checkpoints", "heartbeat")
-
-
-class RunDirError(ConfigError):
-    """The run directory holds someone else's files, or a run that would be replaced."""
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:

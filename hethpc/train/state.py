@@ -32,8 +32,8 @@ FORMAT = 1
 
 
 @dataclass(frozen=True)
-class Pieces:
-    """The stateful pieces of one rank's training run: what a checkpoint saves and restores."""
+class Components:
+    """The stateful components of one rank's training run: what a checkpoint saves and restores."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -41,11 +41,12 @@ class Pieces:
     loader: Loader
     controller: BatchController
     policy: SyncPolicy
-    # Data injection needs no state: its choice of senders is a function of (seed, step).
+    # Data injection and rebalancing need no state: injection picks its senders from (seed,
+    # step), rebalancing follows the batch sizes.
 
 
 def gather_state(
-    pieces: Pieces,
+    components: Components,
     *,
     step: int,
     elapsed_s: float,
@@ -57,11 +58,11 @@ def gather_state(
 
     ``counters`` are the job's own tallies (synchronised and skipped steps), kept as they are.
     """
-    model, optimizer = pieces.model, pieces.optimizer
+    model, optimizer = components.model, components.optimizer
     mine: dict[str, Any] = {
         "rng": get_rng_state(),
-        "loader": pieces.loader.state_dict(),
-        "policy": pieces.policy.state_dict(),
+        "loader": components.loader.state_dict(),
+        "policy": components.policy.state_dict(),
     }
     if replicas_differ:
         mine["model"] = model.state_dict()
@@ -78,8 +79,8 @@ def gather_state(
         "counters": dict(counters or {}),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "scheduler": pieces.scheduler.state_dict(),
-        "controller": pieces.controller.state_dict(),
+        "scheduler": components.scheduler.state_dict(),
+        "controller": components.controller.state_dict(),
         "ranks": ranks,
     }
 
@@ -94,20 +95,20 @@ def _average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def restore_state(state: dict[str, Any], pieces: Pieces, *, seed: int) -> bool:
-    """Load ``state`` into this rank's pieces; returns whether the world size was the same."""
-    model, optimizer, loader = pieces.model, pieces.optimizer, pieces.loader
+def restore_state(state: dict[str, Any], components: Components, *, seed: int) -> bool:
+    """Load ``state`` into this rank's components; returns whether the world size was the same."""
+    model, optimizer, loader = components.model, components.optimizer, components.loader
     rank, size = comm.rank(), comm.size()
     saved = state["ranks"]
     same = state["world_size"] == size
-    pieces.scheduler.load_state_dict(state["scheduler"])
+    components.scheduler.load_state_dict(state["scheduler"])
     if same:
         mine = saved[rank]
         model.load_state_dict(mine.get("model", state["model"]))
         optimizer.load_state_dict(mine.get("optimizer", state["optimizer"]))
         loader.load_state_dict(mine["loader"])
-        pieces.controller.load_state_dict(state["controller"])
-        pieces.policy.load_state_dict(mine["policy"])
+        components.controller.load_state_dict(state["controller"])
+        components.policy.load_state_dict(mine["policy"])
         set_rng_state(mine["rng"])
         return True
     if "model" in saved[0]:

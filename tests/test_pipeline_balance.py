@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hethpc.pipeline import (
-    PartitionError,
+    BalanceError,
     balance_costs,
     layer_times,
     partition_by_counts,
@@ -39,7 +39,7 @@ def test_partition_by_counts(num_layers: int, counts: list[int], want: tuple[int
     ],
 )
 def test_partition_by_counts_errors(num_layers: int, counts: list[int], match: str) -> None:
-    with pytest.raises(PartitionError, match=match):
+    with pytest.raises(BalanceError, match=match):
         partition_by_counts(num_layers, counts)
 
 
@@ -95,7 +95,7 @@ def test_balance_costs_is_optimal_against_brute_force(seed: int) -> None:
     ],
 )
 def test_balance_costs_errors(costs: list[float], stages: int, match: str) -> None:
-    with pytest.raises(PartitionError, match=match):
+    with pytest.raises(BalanceError, match=match):
         balance_costs(costs, stages)
 
 
@@ -133,5 +133,5 @@ def test_split_model_shares_layers_in_order() -> None:
 
 
 def test_split_model_rejects_a_bad_balance() -> None:
-    with pytest.raises(PartitionError, match="covers 4 layers but the model has 5"):
+    with pytest.raises(BalanceError, match="covers 4 layers but the model has 5"):
         split_model(_model(), [2, 2])

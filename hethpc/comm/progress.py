@@ -1,4 +1,4 @@
-"""Keep point-to-point transfers moving while the stage computes.
+"""Keep point-to-point transfers moving while the caller computes (a pipeline stage).
 
 Large MPI messages use a rendezvous: data moves only while both sides are inside MPI calls.
 A stage that posts a send and then computes for a whole micro-batch would hold its neighbour
@@ -21,8 +21,8 @@ from types import TracebackType
 
 import torch
 
-from hethpc import comm
-from hethpc.comm import Group, RecvRequest, Request
+from hethpc.comm.groups import Group
+from hethpc.comm.p2p import RecvRequest, Request, irecv_tensor, isend_tensor
 
 # "auto" progress interval: this share of a forward or backward pass, within these bounds. Each
 # test of the pending transfers takes the core from the stage computing on it (measured on 2
@@ -74,14 +74,14 @@ class Progress:
         """Start sending ``tensor`` to group rank ``dest``."""
         with self._lock:
             self._sends = [r for r in self._sends if not r.test()]  # frees sent buffers
-            self._sends.append(comm.isend_tensor(tensor, dest, tag=tag, group=group))
+            self._sends.append(isend_tensor(tensor, dest, tag=tag, group=group))
 
     def post(
         self, source: int, *, tag: int, device: torch.device, group: Group
     ) -> RecvRequest:
         """Post a receive now; :meth:`take` it later."""
         with self._lock:
-            req = comm.irecv_tensor(source, tag=tag, device=device, group=group)
+            req = irecv_tensor(source, tag=tag, device=device, group=group)
             self._recvs.append(req)
         return req
 

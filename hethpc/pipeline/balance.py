@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hethpc.pipeline.errors import PartitionError
+from hethpc.pipeline.errors import BalanceError
 
 
 def partition_by_counts(num_layers: int, counts: Sequence[int]) -> tuple[int, ...]:
@@ -22,18 +22,18 @@ def partition_by_counts(num_layers: int, counts: Sequence[int]) -> tuple[int, ..
         The balance as a tuple of ints.
 
     Raises:
-        PartitionError: a count is below 1, or the counts do not add up to ``num_layers``.
+        BalanceError: a count is below 1, or the counts do not add up to ``num_layers``.
     """
     balance = tuple(int(c) for c in counts)
     if not balance:
-        raise PartitionError("the balance is empty; give one layer count per stage, e.g. [2, 3]")
+        raise BalanceError("the balance is empty; give one layer count per stage, e.g. [2, 3]")
     if any(c < 1 for c in balance):
-        raise PartitionError(
+        raise BalanceError(
             f"every stage needs at least one layer, got balance {list(balance)}; "
             "use fewer stages or move layers to the empty ones"
         )
     if sum(balance) != num_layers:
-        raise PartitionError(
+        raise BalanceError(
             f"balance {list(balance)} covers {sum(balance)} layers but the model has "
             f"{num_layers}; the counts must add up to the number of layers"
         )
@@ -54,19 +54,19 @@ def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
         Layers per stage.
 
     Raises:
-        PartitionError: ``stages`` is out of range or a cost is negative.
+        BalanceError: ``stages`` is out of range or a cost is negative.
     """
     n = len(costs)
     if stages < 1:
-        raise PartitionError(f"stages must be at least 1, got {stages}")
+        raise BalanceError(f"stages must be at least 1, got {stages}")
     if stages > n:
-        raise PartitionError(
+        raise BalanceError(
             f"cannot cut {n} layers into {stages} stages (each stage needs a layer); "
             f"use at most {n} stages or a model with more layers"
         )
     c = [float(v) for v in costs]
     if any(v < 0 for v in c):
-        raise PartitionError(f"layer costs must be non-negative, got {c}")
+        raise BalanceError(f"layer costs must be non-negative, got {c}")
     prefix = [0.0]
     for v in c:
         prefix.append(prefix[-1] + v)
@@ -93,7 +93,7 @@ def partition_by_params(model: nn.Sequential, stages: int) -> tuple[int, ...]:
     """Balance stages by parameter count (a proxy for memory and, often, for time).
 
     Raises:
-        PartitionError: ``stages`` is out of range for the model's layers.
+        BalanceError: ``stages`` is out of range for the model's layers.
     """
     costs = [sum(p.numel() for p in layer.parameters()) for layer in model]
     return balance_costs(costs, stages)
@@ -136,7 +136,7 @@ def partition_by_time(
     times) so that every rank cuts the model the same way.
 
     Raises:
-        PartitionError: ``stages`` is out of range for the model's layers.
+        BalanceError: ``stages`` is out of range for the model's layers.
     """
     return balance_costs(layer_times(model, sample, repeats=repeats), stages)
 
@@ -145,7 +145,7 @@ def split_model(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequent
     """The stages of ``model`` as ``nn.Sequential`` objects sharing its layers.
 
     Raises:
-        PartitionError: ``balance`` does not cover the model's layers exactly.
+        BalanceError: ``balance`` does not cover the model's layers exactly.
     """
     balance = partition_by_counts(len(model), balance)
     layers = list(model)

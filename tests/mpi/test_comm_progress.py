@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from hethpc import comm
+from hethpc.comm.progress import Lookahead, Progress, auto_interval
 from hethpc.pipeline import Pipeline, PipelineError
-from hethpc.pipeline.progress import Lookahead, Progress, auto_interval
 
 
 def payload(sender: int, i: int) -> torch.Tensor:
