@@ -4,6 +4,8 @@
 # Environment (all optional):
 #   HETHPC_CACHE   where built wheels are kept (default: ~/.cache/hethpc)
 #   PYTHON         the interpreter that creates .venv (default: python3)
+#   HETHPC_GPU     1: build Horovod for the GPU (NCCL) even without nvidia-smi; 0: never
+#   CUDA_HOME, NCCL_HOME  a site's CUDA and NCCL (module load); else PyPI's are used
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,7 +21,8 @@ say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # Fast path: nothing changed since the last successful setup.
-if [[ -f "$stamp" && "$stamp" -nt setup.cfg && "$stamp" -nt scripts/setup.sh ]] \
+if [[ -f "$stamp" && "$stamp" -nt setup.cfg && "$stamp" -nt scripts/setup.sh \
+      && "$stamp" -nt scripts/setup_plan.py ]] \
     && command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
   exit 0
 fi
@@ -54,11 +57,46 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   "$py" -m pip install -q "torch==$torch_version"
 fi
 
-# 3. Horovod, built once into the cache: the release hard-codes C++14, torch needs C++17.
-pytag=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+# 3. What to build here: Horovod for the CPU (MPI), or for the GPU (NCCL) on a GPU node.
+#    scripts/setup_plan.py decides (tests/test_setup_plan.py checks its decisions on CPU).
 mpitag=$(mpicc --showme:version 2>/dev/null | tr -cd '[:alnum:].' | cut -c1-40 || echo mpi)
-wheeldir="$cache/wheels/horovod-$horovod_version-torch$torch_version-$pytag-$mpitag"
-if ! "$py" -c "import horovod.torch" 2>/dev/null; then
+plan() {
+  local out
+  out=$("$py" scripts/setup_plan.py --horovod "$horovod_version" --torch "$torch_version" \
+    --mpitag "$mpitag") || die "scripts/setup_plan.py failed (above)"
+  eval "$out"
+}
+plan
+gpu_env=""
+if ((plan_gpu)); then
+  say "GPU build: $plan_reason"
+  if ((plan_reinstall_torch)); then
+    say "replacing torch's CPU build by PyPI's CUDA build of torch==$torch_version"
+    "$py" -m pip install -q --force-reinstall --index-url https://pypi.org/simple \
+      "torch==$torch_version"
+    plan
+  fi
+  if [[ -n "$plan_pip_packages" ]]; then
+    say "installing the CUDA build tools from PyPI: $plan_pip_packages"
+    # shellcheck disable=SC2086
+    "$py" -m pip install -q $plan_pip_packages
+  fi
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  gpu_env=${plan_horovod_env//\{site\}/$site}
+else
+  say "CPU build: $plan_reason"
+fi
+
+# 4. Horovod, built once into the cache: the release hard-codes C++14, torch needs C++17.
+wheeldir="$cache/wheels/$plan_wheel_key"
+have_horovod() {
+  if ((plan_gpu)); then
+    "$py" -c "import horovod.torch as h, sys; sys.exit(not h.nccl_built())" 2>/dev/null
+  else
+    "$py" -c "import horovod.torch" 2>/dev/null
+  fi
+}
+if ! have_horovod; then
   if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     say "building Horovod $horovod_version with PyTorch and MPI (a few minutes, once; cached in $wheeldir)"
     build=$(mktemp -d)
@@ -71,19 +109,20 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
       "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
       || die "could not patch Horovod's C++ standard in $src/horovod/torch/CMakeLists.txt"
-    PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 \
-      HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
-      "$py" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$build/out" \
+    # shellcheck disable=SC2086
+    env $gpu_env PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" HOROVOD_WITH_PYTORCH=1 \
+      HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+      HOROVOD_WITHOUT_GLOO=1 "$py" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$build/out" \
       > "$build/build.log" 2>&1 || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
     mkdir -p "$wheeldir"
     mv "$build"/out/horovod-*.whl "$wheeldir/"
   fi
   say "installing Horovod from $wheeldir"
-  "$py" -m pip install -q --no-deps "$wheeldir"/horovod-*.whl
+  "$py" -m pip install -q --no-deps --force-reinstall "$wheeldir"/horovod-*.whl
   "$py" -m pip install -q cloudpickle psutil pyyaml packaging cffi
 fi
 
-# 4. mpi4py against this MPI (not a wheel built for another), then hethpc and its dev tools.
+# 5. mpi4py against this MPI (not a wheel built for another), then hethpc and its dev tools.
 if ! "$py" -c "import mpi4py.MPI" 2>/dev/null; then
   say "building mpi4py against $(command -v mpicc)"
   "$py" -m pip install -q --no-binary mpi4py "mpi4py>=4.0,<5"
@@ -91,7 +130,7 @@ fi
 say "installing hethpc (editable) with its dev extra"
 "$py" -m pip install -q --no-build-isolation -e ".[dev]"
 
-# 5. Check it: Horovod imports with MPI built in, and a 2-rank allreduce sums correctly.
+# 6. Check it: Horovod imports with MPI built in, and a 2-rank allreduce sums correctly.
 "$py" - <<'PY' || die "Horovod is installed but not usable (see above)"
 import horovod.torch as hvd
 assert hvd.mpi_built(), "Horovod was built without MPI"
@@ -106,5 +145,24 @@ if hvd.rank() == 0:
 ' 2>&1) || { echo "$out" >&2; die "2-rank Horovod allreduce failed"; }
 grep -q '^allreduce sums 3 3$' <<<"$out" \
   || { echo "$out" >&2; die "2-rank Horovod allreduce gave a wrong sum (expected 3 on both ranks)"; }
-say "ok: Horovod $horovod_version (MPI), mpi4py, torch $torch_version; 2-rank allreduce = 3"
+if ((plan_gpu)); then  # NCCL: one rank per GPU, so two ranks need two GPUs
+  ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
+  if ((ngpu >= 2)); then
+    out=$(scripts/mpirun.sh -np 2 "$py" -c '
+import torch, horovod.torch as hvd
+hvd.init()
+torch.cuda.set_device(hvd.local_rank())
+s = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)], device="cuda"), op=hvd.Sum)
+sums = hvd.allgather_object(int(s.item()))
+if hvd.rank() == 0:
+    print("nccl allreduce sums", *sums)
+' 2>&1) || { echo "$out" >&2; die "2-rank NCCL allreduce failed"; }
+    grep -q '^nccl allreduce sums 3 3$' <<<"$out" \
+      || { echo "$out" >&2; die "2-rank NCCL allreduce gave a wrong sum (expected 3 on both)"; }
+    say "ok: NCCL allreduce on 2 GPUs = 3"
+  else
+    say "NCCL allreduce not checked: $ngpu GPU(s) here, NCCL needs one per rank (2 ranks)"
+  fi
+fi
+say "ok: Horovod $horovod_version ($( ((plan_gpu)) && echo MPI+NCCL || echo MPI)), mpi4py, torch $torch_version; 2-rank allreduce = 3"
 touch "$stamp"

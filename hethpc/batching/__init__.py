@@ -13,6 +13,7 @@ from hethpc.batching.controller import MODES, BatchController, BatchingError
 from hethpc.batching.decision import Adjustment, decide
 from hethpc.batching.estimate import Estimate, TimeEstimator
 from hethpc.batching.gradients import WeightError, weighted_gradient_allreduce
+from hethpc.batching.settings import ControlSettings
 from hethpc.batching.simulate import PhaseFigures, SimRank, SimResult, ideal_sizes, simulate
 from hethpc.batching.slowdown import (
     STRETCH_MODES,
@@ -29,6 +30,7 @@ __all__ = [
     "AllocationError",
     "BatchController",
     "BatchingError",
+    "ControlSettings",
     "Estimate",
     "PhaseFigures",
     "SimRank",

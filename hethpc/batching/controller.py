@@ -12,9 +12,10 @@ import torch
 
 from hethpc import comm
 from hethpc.batching.allocation import Bound, allocate
-from hethpc.batching.decision import Adjustment, decide
+from hethpc.batching.decision import Adjustment
 from hethpc.batching.errors import BatchingError
-from hethpc.batching.estimate import TimeEstimator, common_cut
+from hethpc.batching.estimate import common_cut
+from hethpc.batching.settings import ControlSettings
 from hethpc.batching.slowdown import STRETCH_MODES, Slowdown, SlowdownSchedule, stretch
 
 MODES = ("dynamic", "static", "uniform")
@@ -60,6 +61,8 @@ class BatchController:
             time from the others).
         device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
         group: the data-parallel ranks sharing the global batch (default: the world).
+        settings: ``interval`` .. ``b_max`` as one :class:`ControlSettings` (the job and the
+            simulator use the same object); when given, those keywords are ignored.
 
     Raises:
         BatchingError: a setting is out of range, or the ranks were given different settings
@@ -86,7 +89,13 @@ class BatchController:
         slowdown_mode: str = "sleep",
         device: torch.device | str | None = None,
         group: comm.Group | None = None,
+        settings: ControlSettings | None = None,
     ) -> None:
+        if settings is not None:  # all the control settings at once
+            interval, deadband = settings.interval, settings.deadband
+            min_change, window = settings.min_change, settings.window
+            noise_z, trim = settings.noise_z, settings.trim
+            b_min, b_max = settings.b_min, settings.b_max
         self._group = comm.world() if group is None else group
         self._rank = self._group.rank
         self._n = self._group.size
@@ -103,7 +112,7 @@ class BatchController:
         self.trim = float(trim)
         self.probe_steps = int(probe_steps)
         self._b_min, self._b_max = b_min, b_max
-        settings = (
+        given = (
             self.global_batch,
             mode,
             None if weights is None else [float(w) for w in weights],
@@ -120,7 +129,7 @@ class BatchController:
             slowdown_mode,
         )
         # Decide on gathered settings so that a mismatch raises the same error on every rank.
-        seen = comm.allgather_object(repr(settings), group=self._group)
+        seen = comm.allgather_object(repr(given), group=self._group)
         if any(s != seen[0] for s in seen):
             differ = [k for k, s in enumerate(seen) if s != seen[0]]
             raise BatchingError(
@@ -128,15 +137,18 @@ class BatchController:
                 f"{[seen[k] for k in differ]} but rank 0 {seen[0]}; pass the same settings on "
                 "every rank"
             )
+        # Validated after the comparison: equal settings fail alike on every rank.
+        self.settings = ControlSettings(
+            interval=self.interval, deadband=self.deadband, min_change=self.min_change,
+            window=self.window, noise_z=self.noise_z, trim=self.trim, b_min=b_min, b_max=b_max,
+        )  # fmt: skip
         self._validate(weights)
         if mode == "uniform" or weights is None:
             start = allocate(self.global_batch, [1.0] * self._n, b_min=b_min, b_max=b_max)
         else:
             start = allocate(self.global_batch, weights, b_min=b_min, b_max=b_max)
         self._sizes = start
-        self._estimator = TimeEstimator(
-            window=self.window, trim=self.trim, z=self.noise_z, floor=self.deadband
-        )
+        self._estimator = self.settings.estimator()
         self._smoothed = math.nan  # this rank's estimated seconds per sample at the last decision
         self._since = 0
         self._probe_pending = mode == "dynamic" and self.probe_steps > 0
@@ -147,18 +159,6 @@ class BatchController:
     def _validate(self, weights: Sequence[float] | np.ndarray | None) -> None:
         if self.mode not in MODES:
             raise BatchingError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.interval < 1:
-            raise BatchingError(f"interval must be at least 1 step, got {self.interval}")
-        if not 0 <= self.deadband < 1:
-            raise BatchingError(f"deadband must be in [0, 1), got {self.deadband}")
-        if self.min_change < 0:
-            raise BatchingError(f"min_change must be >= 0 samples, got {self.min_change}")
-        if self.window < 1:
-            raise BatchingError(f"window must be at least 1 step, got {self.window}")
-        if not (math.isfinite(self.noise_z) and self.noise_z >= 0):
-            raise BatchingError(f"noise_z must be a finite number >= 0, got {self.noise_z}")
-        if not 0 <= self.trim < 0.5:
-            raise BatchingError(f"trim must be in [0, 0.5), got {self.trim}")
         if self.probe_steps < 0:
             raise BatchingError(f"probe_steps must be >= 0, got {self.probe_steps}")
         if self.slowdown_mode not in STRETCH_MODES:
@@ -266,21 +266,10 @@ class BatchController:
         self._smoothed = est.per_sample_s
         mine = np.array([float(self.local_batch), est.per_sample_s, est.rel_se, est.elasticity])
         gathered = comm.allgather_array(mine, group=self._group)
-        se = gathered[:, 2]
-        rec = decide(
-            step,
-            self._sizes,
-            gathered[:, 1],
-            global_batch=self.global_batch,
-            deadband=self.deadband,
-            min_change=self.min_change,
-            b_min=self._b_min,
-            b_max=self._b_max,
-            rel_se=np.where(np.isfinite(se), se, 0.0),
-            z=self.noise_z,
-            elasticity=gathered[:, 3],
-            force=self._probe_pending,
-        )
+        rec = self.settings.decide(
+            step, self._sizes, gathered[:, 1], gathered[:, 2], gathered[:, 3],
+            global_batch=self.global_batch, force=self._probe_pending,
+        )  # fmt: skip
         if rec.applied:
             self._sizes = np.asarray(rec.new_sizes, dtype=np.int64)
             if rec.new_sizes != rec.old_sizes:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hethpc.batching.allocation import Bound, allocate
-from hethpc.batching.decision import Adjustment, decide
-from hethpc.batching.estimate import TimeEstimator, common_cut
+from hethpc.batching.decision import Adjustment
+from hethpc.batching.estimate import common_cut
+from hethpc.batching.settings import ControlSettings
 from hethpc.batching.slowdown import Slowdown, SlowdownSchedule
 
 
@@ -141,6 +142,7 @@ def simulate(
     trim: float = 0.2,
     b_min: Bound = 1,
     b_max: Bound = None,
+    settings: ControlSettings | None = None,
 ) -> SimResult:
     """Run the control rule on simulated ranks; deterministic for a given ``seed``.
 
@@ -172,8 +174,14 @@ def simulate(
         trim: see :class:`TimeEstimator`.
         b_min: see :func:`allocate`.
         b_max: see :func:`allocate`.
+        settings: all of ``interval`` .. ``b_max`` at once (the controller's
+            :class:`ControlSettings`); when given, those keywords are ignored.
     """
     n = len(ranks)
+    ctl = settings or ControlSettings(interval=interval, deadband=deadband,
+                                      min_change=min_change, window=window, noise_z=noise_z,
+                                      trim=trim, b_min=b_min, b_max=b_max)  # fmt: skip
+    interval, b_min, b_max = ctl.interval, ctl.b_min, ctl.b_max
     sched = SlowdownSchedule.of(slowdown)
     rng = np.random.default_rng(seed)
     sizes = (
@@ -183,7 +191,7 @@ def simulate(
     )
     if int(sizes.sum()) != global_batch or sizes.shape != (n,):
         raise ValueError(f"start sizes {sizes.tolist()} do not split {global_batch} over {n} ranks")
-    est = [TimeEstimator(window=window, trim=trim, z=noise_z, floor=deadband) for _ in range(n)]
+    est = [ctl.estimator() for _ in range(n)]
     all_sizes = np.zeros((steps, n), dtype=np.int64)
     true_s = np.zeros((steps, n))
     measured = np.zeros((steps, n))
@@ -216,19 +224,10 @@ def simulate(
             continue
         keep = common_cut([e.change_cut() for e in est])
         reports = [e.report(keep) for e in est]
-        rec = decide(
-            step,
-            sizes,
-            [e.per_sample_s for e in reports],
-            global_batch=global_batch,
-            deadband=deadband,
-            min_change=min_change,
-            b_min=b_min,
-            b_max=b_max,
-            rel_se=[e.rel_se if math.isfinite(e.rel_se) else 0.0 for e in reports],
-            z=noise_z,
-            elasticity=[e.elasticity for e in reports],
-        )
+        rec = ctl.decide(
+            step, sizes, [e.per_sample_s for e in reports], [e.rel_se for e in reports],
+            [e.elasticity for e in reports], global_batch=global_batch,
+        )  # fmt: skip
         records.append(rec)
         if rec.applied and rec.new_sizes != rec.old_sizes:
             sizes = np.asarray(rec.new_sizes, dtype=np.int64)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hethpc.batching import BatchController, SlowdownSchedule
+from hethpc.batching import BatchController, ControlSettings, SlowdownSchedule
 from hethpc.comm import Group
 from hethpc.data import (
     ArrayDataset,
@@ -145,8 +145,7 @@ def make_controller(
         cfg.batch_size,
         mode=cfg.batching,
         weights=weights if cfg.batching != "uniform" else None,
-        interval=cfg.batch_interval,
-        b_min=max(cfg.b_min, b_min or 1),
+        settings=ControlSettings(interval=cfg.batch_interval, b_min=max(cfg.b_min, b_min or 1)),
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
         slowdown_mode=cfg.slowdown_mode,
         device=device,

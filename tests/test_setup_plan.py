@@ -1,0 +1,79 @@
+"""scripts/setup_plan.py: what the setup builds on CPU and GPU machines, decided unbuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import setup_plan  # noqa: E402
+from setup_plan import Probe, plan  # noqa: E402
+
+CPU = Probe(gpu_env=None, gpus=0, torch_cuda=None, cuda_home=None, nccl_home=None,
+            nccl_version=None, pip_nccl=None)  # fmt: skip
+KW = {"horovod": "0.28.1", "torch": "2.13.0", "pytag": "cp311", "mpitag": "4.1.4"}
+
+
+def test_a_cpu_machine_builds_as_before_under_the_same_cache_key() -> None:
+    pl = plan(CPU, **KW)
+    assert not pl.gpu and not pl.reinstall_torch and pl.pip_packages == []
+    assert pl.horovod_env == {}
+    assert pl.wheel_key == "horovod-0.28.1-torch2.13.0-cp311-4.1.4"  # the key of every setup so far
+    assert "nvidia-smi lists none" in pl.reason
+
+
+def test_a_gpu_node_with_pypi_packages() -> None:
+    node = Probe(gpu_env=None, gpus=4, torch_cuda="12.8", cuda_home=None, nccl_home=None,
+                 nccl_version="2.27.3", pip_nccl="/v/site/nvidia/nccl")  # fmt: skip
+    pl = plan(node, **KW)
+    assert pl.gpu and "4 GPU(s)" in pl.reason and not pl.reinstall_torch
+    assert pl.horovod_env["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+    assert pl.horovod_env["HOROVOD_NCCL_HOME"] == "/v/site/nvidia/nccl"  # torch's own NCCL wheel
+    assert pl.pip_packages == ["nvidia-cuda-nvcc-cu12"]  # the compiler; NCCL is already there
+    assert pl.wheel_key == "horovod-0.28.1-torch2.13.0-cp311-4.1.4-cuda12.8-nccl2.27.3"
+
+
+def test_site_modules_win_and_a_cpu_torch_is_replaced() -> None:
+    node = Probe(gpu_env="1", gpus=0, torch_cuda=None, cuda_home="/opt/cuda-12.4",
+                 nccl_home="/opt/nccl", nccl_version=None, pip_nccl=None)  # fmt: skip
+    pl = plan(node, **KW)
+    assert pl.gpu and pl.reason == "HETHPC_GPU=1" and pl.reinstall_torch
+    assert pl.pip_packages == []
+    assert pl.horovod_env["HOROVOD_CUDA_HOME"] == "/opt/cuda-12.4"
+    assert pl.horovod_env["HOROVOD_NCCL_HOME"] == "/opt/nccl"
+
+
+@pytest.mark.parametrize(("value", "gpu"), [("0", False), ("off", False), ("1", True),
+                                            ("yes", True), ("", True)])  # fmt: skip
+def test_hethpc_gpu_decides(value: str, gpu: bool) -> None:
+    node = Probe(gpu_env=value, gpus=2, torch_cuda="12.8", cuda_home=None, nccl_home=None,
+                 nccl_version="2.27.3", pip_nccl=None)  # fmt: skip
+    assert plan(node, **KW).gpu is gpu  # "" (unset in effect): the 2 GPUs decide
+
+
+def test_this_machine_and_the_shell_lines(tmp_path: Path) -> None:
+    """Run as setup.sh runs it; a fake nvidia-smi on PATH makes it a GPU node."""
+    env = {k: v for k, v in os.environ.items() if k != "HETHPC_GPU"}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "setup_plan.py"), "--json"],
+                         capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    here = json.loads(out)
+    if here["probe"]["gpus"] == 0:  # this CPU machine: the plan of before
+        assert here["plan"]["gpu"] is False
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-x)'\n")
+    smi.chmod(0o755)
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    lines = subprocess.run([sys.executable, str(ROOT / "scripts" / "setup_plan.py")],
+                           capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    assert "plan_gpu=1" in lines and "HOROVOD_GPU_OPERATIONS=NCCL" in lines
+    assert "plan_wheel_key='horovod-0.28.1-torch2.13.0-" in lines and "-cuda" in lines
+    shown = subprocess.run(["bash", "-c", "eval \"$1\"; echo $plan_gpu $plan_reason", "-", lines],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert shown.strip() == "1 nvidia-smi lists 1 GPU(s)"
+    assert setup_plan.shell(plan(CPU, **KW)).startswith("plan_gpu=0\n")
