@@ -133,27 +133,30 @@ def plot_batches(runs: list[dict[str, Any]], out: Path) -> Path:
     the y axis starts at 0 and is shared, so equal batches read as equal."""
     fig, axes = _panels(runs)
     for ax, run in zip(axes, runs, strict=True):
-        target = proportional_targets(run["steps"]) if len(run["steps"]) > 1 else None
-        sizes = [_col(recs, "batch") for recs in run["steps"]]
+        # A pipeline's replicas share the global batch: one line per replica (its first stage).
+        steps = [recs for recs in run["steps"] if not recs or recs[0].get("stage", 0) == 0]
+        who = "replica" if len(steps) < len(run["steps"]) else "rank"
+        target = proportional_targets(steps) if len(steps) > 1 else None
+        sizes = [_col(recs, "batch") for recs in steps]
         equal = len(sizes) > 1 and all(np.array_equal(b, sizes[0]) for b in sizes[1:])
         if equal:  # one line, not N drawn on top of each other
-            ax.plot(_col(run["steps"][0], "step"), sizes[0], lw=1.6, color="black",
-                    label=f"every rank (ranks 0-{len(sizes) - 1}, equal)")  # fmt: skip
-        for rank, recs in enumerate(run["steps"]):
+            ax.plot(_col(steps[0], "step"), sizes[0], lw=1.6, color="black",
+                    label=f"every {who} ({who}s 0-{len(sizes) - 1}, equal)")  # fmt: skip
+        for k, recs in enumerate(steps):
             step = _col(recs, "step")
             # Drawn (invisibly when equal) for its colour, which the dashed target shares.
-            (line,) = ax.plot(step, sizes[rank], lw=1.2, alpha=0 if equal else 1,
-                              label=None if equal else f"rank {rank}")  # fmt: skip
+            (line,) = ax.plot(step, sizes[k], lw=1.2, alpha=0 if equal else 1,
+                              label=None if equal else f"{who} {k}")  # fmt: skip
             if target is not None:
-                ax.plot(step[: target.shape[1]], target[rank], "--", lw=0.9,
-                        color=line.get_color(), label=f"rank {rank}: by speed")  # fmt: skip
+                ax.plot(step[: target.shape[1]], target[k], "--", lw=0.9,
+                        color=line.get_color(), label=f"{who} {k}: by speed")  # fmt: skip
         ax.set_title(run["name"])
         ax.set_xlabel("step")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("batch size (samples)")
-    fig.suptitle("batch size per rank; dashed: the batch that measured speed calls for")
+    fig.suptitle("batch sizes; dashed: as measured speed calls for", fontsize=10)
     return _save(fig, out, "batch_sizes.png")
 
 
@@ -174,7 +177,7 @@ def plot_compute(runs: list[dict[str, Any]], out: Path, k: int = 25) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel(f"compute per step (ms, median of {k})")
-    fig.suptitle("forward + backward time per rank: balanced when the lines meet")
+    fig.suptitle("forward + backward per rank: balanced when the lines meet", fontsize=10)
     return _save(fig, out, "compute.png")
 
 
