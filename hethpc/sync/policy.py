@@ -300,27 +300,17 @@ class SyncPolicy(abc.ABC):
         self._last_weight = None if w is None else float(w)
         self._round_sum = float(state.get("round_sum", 0.0))
         self._round_n = int(state.get("round_n", 0))
-        saved_outer = state.get("outer")
-        if (saved_outer is None) != (self.outer is None):
-            raise SyncError(
-                "sync state was saved "
-                + ("without" if saved_outer is None else "with")
-                + " an outer optimizer, but this run has "
-                + ("one" if self.outer is not None else "none")
-                + "; resume with the same outer_optimizer setting"
-            )
-        if self.outer is not None:
-            assert saved_outer is not None
-            self.outer.load_state_dict(saved_outer)
-        saved_drift = state.get("drift")
-        if (saved_drift is None) != (self.drift is None):
-            raise SyncError(
-                "sync state was saved "
-                + ("without" if saved_drift is None else "with")
-                + " drift correction, but this run has it "
-                + ("on" if self.drift is not None else "off")
-                + "; resume with the same drift_correction setting"
-            )
-        if self.drift is not None:
-            assert saved_drift is not None
-            self.drift.load_state_dict(saved_drift)
+        parts = (
+            ("outer", self.outer, "an outer optimizer", ("one", "none"), "outer_optimizer"),
+            ("drift", self.drift, "drift correction", ("it on", "it off"), "drift_correction"),
+        )
+        for key, mine, what, (has, lacks), setting in parts:
+            saved = state.get(key)
+            if (saved is None) != (mine is None):
+                raise SyncError(
+                    f"sync state was saved {'without' if saved is None else 'with'} {what}, "
+                    f"but this run has {has if mine is not None else lacks}; resume with the "
+                    f"same {setting} setting"
+                )
+            if mine is not None and saved is not None:
+                mine.load_state_dict(saved)
