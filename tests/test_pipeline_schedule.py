@@ -1,4 +1,4 @@
-"""GPipe and 1F1B schedules as tables, checked without devices or MPI."""
+"""GPipe, 1F1B and zero-bubble (ZB-H1) schedules as tables, checked without devices or MPI."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from hethpc.pipeline.schedule import (
     bubble_fraction,
     clock,
     gpipe_schedule,
+    has_weight_passes,
     idle_fraction,
     make_schedule,
     makespan,
     one_f_one_b_schedule,
     peak_in_flight,
     stage_tasks,
+    zero_bubble_order,
+    zero_bubble_schedule,
 )
 
 SIZES = [
@@ -28,7 +31,8 @@ SIZES = [
     pytest.param(4, 6, id="P4-m6"),
     pytest.param(4, 16, id="P4-m16"),
 ]
-SCHEDULES = ["gpipe", "1f1b"]
+SCHEDULES = ["gpipe", "1f1b", "zb"]
+KINDS = {"gpipe": "FB", "1f1b": "FB", "zb": "FBW"}  # the passes each stage runs
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -36,7 +40,9 @@ SCHEDULES = ["gpipe", "1f1b"]
 def test_every_pass_runs_once_after_its_inputs(name: str, stages: int, m: int) -> None:
     table = make_schedule(name, stages, m)
     at = {(t.stage, t.micro_batch, t.kind): t.tick for t in table}
-    assert len(at) == len(table) == 2 * stages * m
+    kinds = KINDS[name]
+    assert len(at) == len(table) == len(kinds) * stages * m
+    assert set(at) == {(s, i, k) for s in range(stages) for i in range(m) for k in kinds}
     for (s, i, kind), tick in at.items():
         if kind == "F" and s > 0:
             assert tick > at[s - 1, i, "F"]
@@ -44,12 +50,15 @@ def test_every_pass_runs_once_after_its_inputs(name: str, stages: int, m: int) -
             assert tick > at[s, i, "F"]
             if s < stages - 1:
                 assert tick > at[s + 1, i, "B"]
+        if kind == "W":
+            assert tick > at[s, i, "B"]
     for s in range(stages):  # one pass per tick per stage
         ticks = [t.tick for t in stage_tasks(table, s)]
         assert len(set(ticks)) == len(ticks)
+        assert has_weight_passes(table, s) is ("W" in kinds)
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("stages", "m"), SIZES)
 def test_bubble_is_the_theoretical_fraction(name: str, stages: int, m: int) -> None:
     table = make_schedule(name, stages, m)
@@ -65,6 +74,40 @@ def test_activation_memory_gpipe_holds_all_1f1b_at_most_p(stages: int, m: int) -
     for s in range(stages):
         assert peak_in_flight(gpipe, s) == m
         assert peak_in_flight(ofob, s) == min(stages - s, m)
+
+
+@pytest.mark.parametrize(("stages", "m"), SIZES)
+def test_zero_bubble_holds_at_most_1f1b_peak_and_idles_less(stages: int, m: int) -> None:
+    zb = zero_bubble_schedule(stages, m)
+    ofob = one_f_one_b_schedule(stages, m)
+    ofob_peak = max(peak_in_flight(ofob, s) for s in range(stages))
+    assert ofob_peak == min(stages, m)
+    for s in range(stages):  # 1F1B's peak (its first stage's), on every stage
+        assert peak_in_flight(zb, s) <= ofob_peak
+    assert peak_in_flight(zb, 0) == peak_in_flight(ofob, 0)
+    if stages == 1:
+        assert idle_fraction(zb) == idle_fraction(ofob) == 0.0
+    else:
+        assert idle_fraction(zb) < idle_fraction(ofob)
+    if m >= stages:  # ZB-H1's bubble: (P-1)(F+B-W) = P-1 ticks, a third of 1F1B's 3(P-1)
+        assert makespan(zb) == 3 * m + stages - 1
+        assert idle_fraction(zb) == pytest.approx((stages - 1) / (3 * m + stages - 1))
+
+
+def test_zero_bubble_table_for_two_stages_and_three_micro_batches() -> None:
+    # Stage 1 postpones its first W: its B passes go upstream one tick sooner each.
+    assert zero_bubble_order(2, 3) == [
+        [(0, "F"), (1, "F"), (0, "B"), (0, "W"), (2, "F"), (1, "B"), (1, "W"), (2, "B"),
+         (2, "W")],
+        [(0, "F"), (0, "B"), (1, "F"), (1, "B"), (0, "W"), (2, "F"), (2, "B"), (1, "W"),
+         (2, "W")],
+    ]
+    assert [(t.tick, t.stage, t.micro_batch, t.kind) for t in zero_bubble_schedule(2, 3)] == [
+        (0, 0, 0, "F"), (1, 0, 1, "F"), (1, 1, 0, "F"), (2, 1, 0, "B"), (3, 0, 0, "B"),
+        (3, 1, 1, "F"), (4, 0, 0, "W"), (4, 1, 1, "B"), (5, 0, 2, "F"), (5, 1, 0, "W"),
+        (6, 0, 1, "B"), (6, 1, 2, "F"), (7, 0, 1, "W"), (7, 1, 2, "B"), (8, 0, 2, "B"),
+        (8, 1, 1, "W"), (9, 0, 2, "W"), (9, 1, 2, "W"),
+    ]  # fmt: skip
 
 
 def test_1f1b_table_for_two_stages_and_three_micro_batches() -> None:
@@ -104,6 +147,13 @@ def test_gpipe_table_for_two_stages_and_two_micro_batches() -> None:
             [[(0, "B"), (0, "F")], [(0, "F"), (0, "B")]], "deadlock", id="backward-before-forward"
         ),
         pytest.param([[(0, "F")], [(0, "F"), (0, "B")]], "exactly once", id="missing-pass"),
+        pytest.param(
+            [[(0, "F"), (0, "W"), (0, "B")]], "deadlock", id="weights-before-their-backward"
+        ),
+        pytest.param(
+            [[(0, "F"), (0, "B"), (1, "F"), (1, "B"), (0, "W")]], "exactly once",
+            id="some-weight-passes",
+        ),
         pytest.param([], "at least one stage", id="no-stages"),
     ],
 )

@@ -18,7 +18,14 @@ from hethpc.pipeline.backward import can_split, input_gradient, tapped_forward, 
 from hethpc.pipeline.balance import partition_by_counts, partition_by_params, split_model
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
-from hethpc.pipeline.schedule import BACKWARD, FORWARD, make_schedule, stage_tasks
+from hethpc.pipeline.schedule import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT,
+    has_weight_passes,
+    make_schedule,
+    stage_tasks,
+)
 from hethpc.sync.averaging import average_gradients_
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,7 +84,10 @@ class Pipeline:
         model: the whole model; its layers are cut by ``balance``.
         balance: layers per stage, one entry per rank of ``stage_group``.
         micro_batches: m, micro-batches per batch (1..4096); batches need at least m rows.
-        schedule: "1f1b" (at most P micro-batches of activations per stage) or "gpipe".
+        schedule: "1f1b" (at most P micro-batches of activations per stage), "gpipe", or
+            "zb" (ZB-H1: 1F1B whose stages other than the first run each backward as B, the
+            input's gradient, sent at once, and W, the weights' gradients, later, where 1F1B
+            would wait; needs ``split_backward``, else each W is empty and it runs as 1F1B).
         stage_group: the ranks of this pipeline, in stage order; this rank's group rank is
             its stage.
         dp_group: the ranks holding this same stage in other replicas; their gradients are
@@ -96,7 +106,8 @@ class Pipeline:
             send it, then the weights' gradients (:mod:`hethpc.pipeline.backward`): the
             previous stage gets it about half a backward earlier, for the same arithmetic.
             Used when every parametrised layer of the stage holds its parameters directly
-            (else a plain backward).
+            (else a plain backward). With "zb" the weights' gradients wait for the
+            schedule's W pass; otherwise they follow at once.
 
     Raises:
         PipelineError: the balance does not match the group, or settings are out of range.
@@ -153,6 +164,8 @@ class Pipeline:
         self._tasks = stage_tasks(self.table, self.stage)
         self.module = split_model(model, balance)[self.stage].to(self.device)
         self.split_backward = bool(split_backward) and self.stage > 0 and can_split(self.module)
+        # the schedule's W passes compute the weights' gradients (else B computes them)
+        self._deferred_weights = self.split_backward and has_weight_passes(self.table, self.stage)
         self.stats = StepStats(0.0, 0.0, 0)
         self._task_s: float | None = None  # mean forward or backward pass, last step
 
@@ -224,6 +237,7 @@ class Pipeline:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         taps: dict[int, Any] = {}  # split backward: each micro-batch's layer outputs
+        weights: dict[int, Any] = {}  # taps and their output gradients, awaiting W
         rng: dict[int, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64)
         busy = fwd = 0.0
@@ -256,6 +270,14 @@ class Pipeline:
                     inputs[i], outputs[i] = inp, out
                     live += 1
                     peak = max(peak, live)
+                elif task.kind == WEIGHT:
+                    if i in weights:  # else B computed them (a plain backward)
+                        tap, tap_grads = weights.pop(i)
+                        t0 = time.perf_counter()
+                        weight_gradients(tap, tap_grads)
+                        busy += self._elapsed(t0)
+                        del tap, tap_grads
+                        live -= 1
                 else:
                     grad = None
                     if not self.is_last:
@@ -270,9 +292,13 @@ class Pipeline:
                         g_in, tap_grads = input_gradient(out, grad, inp, tap)
                         busy += self._elapsed(t0)
                         net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
-                        t0 = time.perf_counter()
-                        weight_gradients(tap, tap_grads)
-                        busy += self._elapsed(t0)
+                        if self._deferred_weights:
+                            weights[i] = (tap, tap_grads)
+                            live += 1  # held until W; the decrement below is for B
+                        else:
+                            t0 = time.perf_counter()
+                            weight_gradients(tap, tap_grads)
+                            busy += self._elapsed(t0)
                         del tap_grads
                     else:
                         if out.requires_grad:
@@ -428,7 +454,7 @@ def build_pipeline(
         model: the whole model, built identically (same seed) on every rank.
         stages: P; must divide the world size.
         micro_batches: m.
-        schedule: "1f1b" or "gpipe".
+        schedule: "1f1b", "gpipe" or "zb".
         balance: layers per stage (default: balanced by parameter count).
         checkpoint: recompute activations in the backward pass.
         device: default ``cuda:<local rank>`` when present, else CPU.

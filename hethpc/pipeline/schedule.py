@@ -1,9 +1,11 @@
-"""Pipeline schedules as tables of (clock tick, stage, micro-batch, F/B): pure functions.
+"""Pipeline schedules as tables of (clock tick, stage, micro-batch, F/B/W): pure functions.
 
 A schedule fixes, for every stage, the order in which it runs the forward (F) and backward (B)
-pass of each micro-batch. Ticks come from simulating that order with one tick per pass: a pass
-starts as soon as its stage is free and its input exists (F after the previous stage's F of the
-same micro-batch, B after the next stage's B, the last stage's B after its own F).
+pass of each micro-batch; a zero-bubble schedule splits the backward into B (the input's
+gradient, which the previous stage waits for) and W (the weights' gradients, which nobody
+waits for). Ticks come from simulating that order with one tick per pass: a pass starts as
+soon as its stage is free and its input exists (F after the previous stage's F of the same
+micro-batch, B after the next stage's B, the last stage's B after its own F, W after its own B).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import NamedTuple
 from hethpc.pipeline.errors import ScheduleError
 
 FORWARD = "F"
-BACKWARD = "B"
+BACKWARD = "B"  # the whole backward, or only the input's gradient where the stage has a W
+WEIGHT = "W"  # the weights' gradients of a split backward
 
 
 class Task(NamedTuple):
@@ -23,7 +26,7 @@ class Task(NamedTuple):
     tick: int
     stage: int
     micro_batch: int
-    kind: str  # "F" or "B"
+    kind: str  # "F", "B" or "W"
 
 
 def _check(stages: int, micro_batches: int) -> None:
@@ -60,12 +63,43 @@ def one_f_one_b_order(stages: int, micro_batches: int) -> list[list[tuple[int, s
     return out
 
 
+def zero_bubble_order(stages: int, micro_batches: int) -> list[list[tuple[int, str]]]:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", arXiv 2401.10241): 1F1B with each
+    backward split into B and W, stage ``s`` postponing its first ``s`` W passes.
+
+    Stage ``s`` runs 1F1B's ``P-1-s`` warm-up forwards, then F, B and (from its ``s``-th B on)
+    the oldest pending W; the postponed W passes run at the end, where 1F1B's stages wait for
+    gradients. The later stages send their B passes upstream sooner, so the bubble shrinks from
+    1F1B's ``(P-1)(F+B+W)`` to ``(P-1)(F+B-W)`` (with equal passes, a third). Activations live
+    from F to W: every stage holds at most ``min(P, m)`` micro-batches, 1F1B's peak (that of
+    its first stage; 1F1B's later stages hold fewer).
+    """
+    _check(stages, micro_batches)
+    m = micro_batches
+    out = []
+    for s in range(stages):
+        warm = min(stages - 1 - s, m)
+        order = [(i, FORWARD) for i in range(warm)]
+        w = 0  # the next micro-batch whose W is pending
+        for k in range(m):  # the k-th B, after the steady state's F
+            if warm + k < m:
+                order.append((warm + k, FORWARD))
+            order.append((k, BACKWARD))
+            if k >= s:
+                order.append((w, WEIGHT))
+                w += 1
+        order += [(i, WEIGHT) for i in range(w, m)]
+        out.append(order)
+    return out
+
+
 def clock(orders: Sequence[Sequence[tuple[int, str]]]) -> list[Task]:
     """Assign clock ticks to per-stage orders (one tick per pass) and return the table.
 
     Args:
-        orders: ``orders[s]`` lists stage ``s``'s passes as ``(micro_batch, "F"|"B")``; each
-            stage must run F and B of every micro-batch exactly once.
+        orders: ``orders[s]`` lists stage ``s``'s passes as ``(micro_batch, "F"|"B"|"W")``;
+            each stage must run F and B of every micro-batch exactly once, and W of every
+            micro-batch exactly once or never.
 
     Returns:
         Tasks sorted by (tick, stage).
@@ -76,17 +110,19 @@ def clock(orders: Sequence[Sequence[tuple[int, str]]]) -> list[Task]:
     stages = len(orders)
     if stages == 0:
         raise ScheduleError("a schedule needs at least one stage")
-    m = len(orders[0]) // 2
-    want = sorted((i, k) for i in range(m) for k in (FORWARD, BACKWARD))
+    m = sum(1 for _, k in orders[0] if k == FORWARD)
+    plain = sorted((i, k) for i in range(m) for k in (FORWARD, BACKWARD))
+    split = sorted(plain + [(i, WEIGHT) for i in range(m)])
     for s, order in enumerate(orders):
-        if sorted(order) != want:
+        if sorted(order) not in (plain, split):
             raise ScheduleError(
-                f"stage {s} must run F and B of micro-batches 0..{m - 1} exactly once, got {order}"
+                f"stage {s} must run F and B (and W, if any) of micro-batches 0..{m - 1} "
+                f"exactly once, got {order}"
             )
     done: dict[tuple[int, int, str], int] = {}  # (stage, micro_batch, kind) -> tick
     pos = [0] * stages
     free = [0] * stages
-    total = 2 * m * stages
+    total = sum(len(order) for order in orders)
     while len(done) < total:
         progressed = False
         for s in range(stages):
@@ -94,6 +130,8 @@ def clock(orders: Sequence[Sequence[tuple[int, str]]]) -> list[Task]:
                 i, kind = orders[s][pos[s]]
                 if kind == FORWARD:
                     dep = (s - 1, i, FORWARD) if s > 0 else None
+                elif kind == WEIGHT:
+                    dep = (s, i, BACKWARD)
                 else:
                     dep = (s + 1, i, BACKWARD) if s < stages - 1 else (s, i, FORWARD)
                 if dep is not None and dep not in done:
@@ -121,11 +159,16 @@ def one_f_one_b_schedule(stages: int, micro_batches: int) -> list[Task]:
     return clock(one_f_one_b_order(stages, micro_batches))
 
 
-SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
+def zero_bubble_schedule(stages: int, micro_batches: int) -> list[Task]:
+    """The ZB-H1 table: 1F1B with split backwards, W passes filling the bubble."""
+    return clock(zero_bubble_order(stages, micro_batches))
+
+
+SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule, "zb": zero_bubble_schedule}
 
 
 def make_schedule(name: str, stages: int, micro_batches: int) -> list[Task]:
-    """The schedule called ``name`` ("gpipe" or "1f1b").
+    """The schedule called ``name`` ("gpipe", "1f1b" or "zb").
 
     Raises:
         ScheduleError: unknown name or impossible sizes.
@@ -157,10 +200,20 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+def has_weight_passes(table: Sequence[Task], stage: int) -> bool:
+    """Whether ``stage`` runs its backwards split into B and W."""
+    return any(t.stage == stage and t.kind == WEIGHT for t in table)
+
+
 def peak_in_flight(table: Sequence[Task], stage: int) -> int:
-    """Most micro-batches whose forward has run on ``stage`` but not yet their backward."""
+    """Most micro-batches whose forward has run on ``stage`` but not yet their backward (their
+    W, where the stage splits it): those whose activations the stage holds."""
+    last = WEIGHT if has_weight_passes(table, stage) else BACKWARD
     live = peak = 0
     for t in stage_tasks(table, stage):
-        live += 1 if t.kind == FORWARD else -1
+        if t.kind == FORWARD:
+            live += 1
+        elif t.kind == last:
+            live -= 1
         peak = max(peak, live)
     return peak

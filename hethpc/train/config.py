@@ -168,7 +168,7 @@ class TrainConfig:
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
-    schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe"))
+    schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe", "zb"))
     # Reliability and output
     eval_every: int = _f(
         1, "epochs between test evaluations on rank 0 (0: only at the end)", operational=True

@@ -19,6 +19,7 @@ from hethpc.pipeline import (
     build_pipeline,
     make_pipeline_groups,
 )
+from hethpc.pipeline.schedule import peak_in_flight
 
 WIDTH = 12
 # (stages, replicas, balance): layers per stage of the 7-layer model below.
@@ -30,7 +31,7 @@ CONFIGS = [
     pytest.param(2, 2, (4, 3), id="P2xD2"),
     pytest.param(4, 1, (2, 2, 2, 1), id="P4"),
 ]
-SCHEDULES = ["gpipe", "1f1b"]
+SCHEDULES = ["gpipe", "1f1b", "zb"]
 _groups: dict[int, PipelineGroups] = {}
 
 
@@ -139,18 +140,19 @@ def make_nested_model(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(flat[0], flat[1], nn.Sequential(flat[2], flat[3]), *flat[4:])
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb"])
 @pytest.mark.parametrize(
     ("split", "nested"), [(False, False), (True, True)], ids=["split-off", "nested-fallback"]
 )
-def test_backward_without_the_split_matches_too(split: bool, nested: bool) -> None:
+def test_backward_without_the_split_matches_too(split: bool, nested: bool, schedule: str) -> None:
     stages = comm.size()
     if stages not in (2, 3):
         pytest.skip("P=2 and P=3 only")
     groups = groups_for(stages, 1)
     model = make_nested_model() if nested else make_model()
     balance = (2, len(model) - 2) if stages == 2 else (2, 2, len(model) - 4)
-    pipe = Pipeline(model, balance=balance, micro_batches=4, stage_group=groups.stage_group,
-                    split_backward=split)
+    pipe = Pipeline(model, balance=balance, micro_batches=4, schedule=schedule,
+                    stage_group=groups.stage_group, split_backward=split)
     holds_block = any(isinstance(layer, nn.Sequential) for layer in pipe.module)
     assert holds_block is (nested and pipe.stage == 1)  # the block lands on stage 1
     assert pipe.split_backward is (split and pipe.stage > 0 and not holds_block)
@@ -166,6 +168,26 @@ def test_backward_without_the_split_matches_too(split: bool, nested: bool) -> No
     for p, name in zip(mine, names[start : start + len(mine)], strict=True):
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["keep", "recompute"])
+def test_zero_bubble_gradients_are_bit_identical_to_1f1b(
+    stages: int, replicas: int, balance: tuple[int, ...], checkpoint: bool
+) -> None:
+    # The W passes add each micro-batch's weight gradients in 1F1B's order (0..m-1).
+    groups = groups_for(stages, replicas)
+    x, y = make_batch(14, seed=5)
+    got = {}
+    for schedule in ("1f1b", "zb"):
+        pipe = Pipeline(make_model(), balance=balance, micro_batches=4, schedule=schedule,
+                        stage_group=groups.stage_group, dp_group=groups.dp_group,
+                        checkpoint=checkpoint)
+        loss = pipe.train_step(x, y, nn.functional.cross_entropy)
+        got[schedule] = (loss, [p.grad for p in pipe.parameters()])
+    assert got["zb"][0] == got["1f1b"][0]
+    for a, b in zip(got["zb"][1], got["1f1b"][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_stages_after_the_first_split_their_backward() -> None:
@@ -221,7 +243,7 @@ def test_inference_matches_one_process(
 
 
 @pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
-def test_1f1b_activation_memory_is_flat_in_micro_batches(
+def test_1f1b_and_zb_activation_memory_is_flat_in_micro_batches(
     stages: int, replicas: int, balance: tuple[int, ...]
 ) -> None:
     groups = groups_for(stages, replicas)
@@ -235,11 +257,14 @@ def test_1f1b_activation_memory_is_flat_in_micro_batches(
                 pipe.train_step(x, y, nn.functional.cross_entropy)
             assert meter.live_bytes == 0, "activations must be freed by the end of the step"
             peaks[schedule, m] = meter.peak_bytes
-            held = min(stages - pipe.stage, m) if schedule == "1f1b" else m
-            assert pipe.stats.peak_in_flight == held
+            held = {"1f1b": min(stages - pipe.stage, m), "gpipe": m, "zb": min(stages, m)}
+            assert pipe.stats.peak_in_flight == held[schedule]
+            assert held[schedule] == peak_in_flight(pipe.table, pipe.stage)
     assert peaks["1f1b", 4] == peaks["1f1b", 8]
+    assert peaks["zb", 4] == peaks["zb", 8]
     assert peaks["gpipe", 8] == 2 * peaks["gpipe", 4]
     assert peaks["1f1b", 8] < peaks["gpipe", 8]
+    assert peaks["zb", 8] < peaks["gpipe", 8]
 
 
 @pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
