@@ -11,6 +11,16 @@ fixed). The last stdout line is one JSON object.
 The pipeline's last stage splits its backward (input gradient first, sent at once; weight
 gradients after: hethpc.pipeline.backward); ``1f1b-unsplit`` runs the same 1F1B with a plain
 backward beside it, and ``split_backward_gain`` is the median of the rounds' step-time ratios.
+``zb`` is the zero-bubble schedule ZB-H1 (W passes postponed into 1F1B's bubble).
+
+Peer rows: PyTorch's own ``torch.distributed.pipelining`` (PipelineStage with ScheduleGPipe,
+Schedule1F1B, and, on 4 chunks of the same model, two per rank, ScheduleInterleaved1F1B,
+ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble) over gloo, on the same model,
+micro-batches and data, timed over the same scope (zero_grad, the schedule's step, the
+optimizer's step, after a barrier) and interleaved with hethpc's rows in every round
+(``--peers`` picks them; ``--peers none`` skips them). ``hethpc_best_over_torch_best`` is the
+median over rounds of the best hethpc schedule's throughput over the best torch schedule's
+(each picked by its median).
 
 Rounds alternate single-rank and pipeline steps (--rounds, default 16, of --steps, default 1,
 each); ``speedup`` is the median of the rounds' own ratios, since the host's speed drifts by
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import time
 
@@ -45,7 +56,17 @@ from _launch import relaunch, under_mpi
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction
+from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction, split_model
+
+# torch.distributed.pipelining's schedules beside hethpc's: (class name, chunks of the model,
+# chunk indices each rank holds). Interleaved: rank r holds chunks r and r+2; V: 0,3 and 1,2.
+PEERS = {
+    "torch-gpipe": ("ScheduleGPipe", 2, ((0,), (1,))),
+    "torch-1f1b": ("Schedule1F1B", 2, ((0,), (1,))),
+    "torch-interleaved-1f1b": ("ScheduleInterleaved1F1B", 4, ((0, 2), (1, 3))),
+    "torch-interleaved-zb": ("ScheduleInterleavedZeroBubble", 4, ((0, 2), (1, 3))),
+    "torch-zbv": ("ScheduleZBVZeroBubble", 4, ((0, 3), (1, 2))),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,6 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "median of the rounds' own ratios")
     p.add_argument("--memory-ms", default="2,4,8,16", help="m values of the memory sweep")
     p.add_argument("--memory-rows", type=int, default=16, help="rows per micro-batch in the sweep")
+    p.add_argument(
+        "--peers", default=",".join(PEERS),
+        help=f"torch.distributed.pipelining rows, comma-separated from {', '.join(PEERS)}, or "
+        "'none'",
+    )
     p.add_argument(
         "--progress-interval", default="auto",
         help="seconds between the progress thread's tests, 'auto' (a tenth of a pass, "
@@ -136,6 +162,59 @@ def time_pipeline(
     return times, stats
 
 
+class TorchPipe:
+    """This rank's part of a ``torch.distributed.pipelining`` schedule over the same model."""
+
+    def __init__(self, name: str, model: nn.Sequential, m: int) -> None:
+        from torch.distributed import pipelining
+
+        cls_name, chunks, held = PEERS[name]
+        parts = split_model(model, [len(model) // chunks] * chunks)
+        mine = held[comm.rank()]
+        stages = [pipelining.PipelineStage(parts[i], i, chunks, torch.device("cpu"))
+                  for i in mine]  # fmt: skip
+        cls = getattr(pipelining, cls_name)
+        self.schedule = cls(stages[0] if len(stages) == 1 else stages, m, loss_fn=loss_fn)
+        self.is_first, self.is_last = 0 in mine, chunks - 1 in mine
+        self.params = [p for i in mine for p in parts[i].parameters()]
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One batch; the schedule averages the micro-batch losses' gradients (mean loss)."""
+        args = (x,) if self.is_first else ()
+        if self.is_last:
+            self.schedule.step(*args, target=y, losses=[])
+        else:
+            self.schedule.step(*args)
+
+
+def init_torch_distributed() -> None:
+    """A gloo process group over the MPI world (rank 0 picks a free port and broadcasts it)."""
+    import torch.distributed as dist
+
+    port = None
+    if comm.rank() == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.broadcast_object(port)
+    dist.init_process_group("gloo", rank=comm.rank(), world_size=comm.size(),
+                            init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
+
+
+def time_peer(peer: TorchPipe, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+    """As :func:`time_pipeline`: a barrier, then zero_grad, the step and the optimizer's step."""
+    opt = torch.optim.SGD(peer.params, lr=1e-4)
+    times = []
+    for _ in range(steps):
+        comm.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        peer.train_step(x, y)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def breakdown(stats: list[StepStats], m: int) -> dict[str, float]:
     """This stage's medians: forward and backward ms per micro-batch, waiting, idle."""
     med = statistics.median
@@ -162,20 +241,30 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         interval = float(interval) if float(interval) > 0 else None
     # "1f1b-unsplit": 1F1B with a plain backward on the last stage (it sends its input's
     # gradient only after its weights' gradients), to show what the split backward gains.
-    variants = {"1f1b": ("1f1b", True), "gpipe": ("gpipe", True), "1f1b-unsplit": ("1f1b", False)}
+    variants = {"1f1b": ("1f1b", True), "gpipe": ("gpipe", True), "1f1b-unsplit": ("1f1b", False),
+                "zb": ("zb", True)}  # fmt: skip
     pipes = {
         k: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
                     stage_group=comm.world(), progress_interval=interval, split_backward=split)
         for k, (s, split) in variants.items()
     }
+    names = [] if args.peers == "none" else [k for k in args.peers.split(",") if k]
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown:
+        raise SystemExit(f"unknown --peers {unknown}; choose from {', '.join(PEERS)} or 'none'")
+    if names:
+        init_torch_distributed()
+    peers = {k: TorchPipe(k, make_model(w, L), m) for k in names}
     say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread")
     # Warm-up, then alternate rounds so that drifting machine load hits both sides alike.
     time_single(single_model, x, y, 1)
     for pipe in pipes.values():
         time_pipeline(pipe, x, y, 1)
+    for peer in peers.values():  # the first step infers shapes and builds the buffers
+        time_peer(peer, x, y, 2)
     single_t: list[list[float]] = []  # per round, its steps
     alone_t: list[float] = []
-    pipe_t: dict[str, list[list[float]]] = {s: [] for s in pipes}
+    pipe_t: dict[str, list[list[float]]] = {s: [] for s in [*pipes, *peers]}
     pipe_stats: dict[str, list[StepStats]] = {s: [] for s in pipes}
     for r in range(args.rounds):
         # Both ranks run the whole model at once, each on its own core: one rank's throughput
@@ -189,6 +278,8 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             t, st = time_pipeline(pipe, x, y, args.steps)
             pipe_t[s].append(t)
             pipe_stats[s] += st
+        for s, peer in peers.items():
+            pipe_t[s].append(time_peer(peer, x, y, args.steps))
         rates = [("single", single_t[-1]), *((k, v[-1]) for k, v in pipe_t.items())]
         say(f"round {r + 1}/{args.rounds} (rank 0): "
             + ", ".join(f"{k} {B / statistics.median(t):.1f} samples/s" for k, t in rates))
@@ -200,6 +291,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         **{s: [med(t) for t in v] for s, v in pipe_t.items()},
         **{f"stage_{s}": breakdown(v, m) for s, v in pipe_stats.items()},
     }
+    timed = [*pipes, *peers]
     all_ranks = comm.allgather_object(mine)
     # Per round: one rank's time is the mean rank's; the pipeline goes at its slowest rank's
     # pace. The machine's speed drifts by 10-30 % within seconds, so the speedup is the median
@@ -207,11 +299,18 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     # medians taken minutes apart.
     rounds = range(args.rounds)
     single_r = [statistics.mean(d["single"][r] for d in all_ranks) for r in rounds]
-    step_r = {s: [max(d[s][r] for d in all_ranks) for r in rounds] for s in pipes}
+    step_r = {s: [max(d[s][r] for d in all_ranks) for r in rounds] for s in timed}
     ratio_r = {s: [a / b for a, b in zip(single_r, v, strict=True)] for s, v in step_r.items()}
     single_s = med(single_r)
     alone_s = med([t for d in all_ranks for t in d["alone"]])
     step_s = {s: med(v) for s, v in step_r.items()}
+    # The best schedule of each side by its median step; their ratio per round.
+    best = min(["1f1b", "gpipe", "zb"], key=lambda s: step_s[s])
+    torch_best = min(peers, key=lambda s: step_s[s]) if peers else None
+    over_torch = (
+        med([t / h for h, t in zip(step_r[best], step_r[torch_best], strict=True)])
+        if torch_best is not None else None
+    )
     stages = {s: [d[f"stage_{s}"] for d in all_ranks] for s in pipes}
     idle = {s: statistics.mean(b["idle"] for b in stages[s]) for s in pipes}
     for s in pipes:
@@ -223,7 +322,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     (f0, b0), (f1, b1) = ((b["f_ms"], b["b_ms"]) for b in stages["1f1b"])
     bound_ms = max(f0 + m * (f1 + b1) + b0, m * (f0 + b0) + f1 + b1)
 
-    memory: dict[str, list[float]] = {"1f1b": [], "gpipe": []}
+    memory: dict[str, list[float]] = {"1f1b": [], "gpipe": [], "zb": []}
     ms = [int(v) for v in args.memory_ms.split(",")]
     for mm in ms:
         rows = mm * args.memory_rows
@@ -236,12 +335,16 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             peak = max(comm.allgather_object(meter.peak_bytes))
             memory[s].append(round(peak / 2**20, 3))
         say(f"memory m={mm:>3} ({args.memory_rows} rows each): peak activations "
-            f"1f1b {memory['1f1b'][-1]:.2f} MiB, gpipe {memory['gpipe'][-1]:.2f} MiB")
+            f"1f1b {memory['1f1b'][-1]:.2f} MiB, gpipe {memory['gpipe'][-1]:.2f} MiB, "
+            f"zb {memory['zb'][-1]:.2f} MiB")
 
     single_sps = B / single_s
     alone_sps = B / alone_s
     pipe_sps = B / step_s["1f1b"]
     speedup = med(ratio_r["1f1b"])
+    speedup_best = med(ratio_r[best])
+    say(f"hethpc best: {best} {speedup_best:.3f}x one rank; torch best: {torch_best}"
+        + (f", hethpc best / torch best {over_torch:.3f}" if over_torch is not None else ""))
     return {
         "stages": 2,
         "micro_batches": m,
@@ -259,6 +362,21 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "speedup_of_medians": round(pipe_sps / single_sps, 3),
         "speedup_gpipe": round(med(ratio_r["gpipe"]), 3),
         "speedup_1f1b_unsplit_backward": round(med(ratio_r["1f1b-unsplit"]), 3),
+        "pipeline_zb_samples_per_s": round(B / step_s["zb"], 2),
+        "speedup_zb": round(med(ratio_r["zb"]), 3),
+        "speedup_zb_each_round": [round(v, 3) for v in ratio_r["zb"]],
+        "idle_fraction_zb": round(idle["zb"], 4),
+        "stage_wait_ms_per_step_zb": [round(b["wait_ms"], 1) for b in stages["zb"]],
+        "hethpc_best": best,
+        "speedup_best": round(speedup_best, 3),
+        "torch_samples_per_s": {s: round(B / step_s[s], 2) for s in peers},
+        "speedup_torch": {s: round(med(ratio_r[s]), 3) for s in peers},
+        "torch_best": torch_best,
+        "hethpc_best_over_torch_best": None if over_torch is None else round(over_torch, 3),
+        "goal_speedup_best": 1.75,
+        "goal_speedup_best_met": speedup_best >= 1.75,
+        "goal_over_torch_best": 1.1,
+        "goal_over_torch_best_met": None if over_torch is None else over_torch >= 1.1,
         "split_backward_gain": round(
             med([a / b for a, b in zip(step_r["1f1b-unsplit"], step_r["1f1b"], strict=True)]), 3
         ),
@@ -279,6 +397,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "memory_rows_per_micro_batch": args.memory_rows,
         "peak_activation_mib_1f1b": memory["1f1b"],
         "peak_activation_mib_gpipe": memory["gpipe"],
+        "peak_activation_mib_zb": memory["zb"],
         "peak_1f1b_flat_in_m": len(set(memory["1f1b"])) == 1,
     }
 
