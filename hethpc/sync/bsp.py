@@ -6,13 +6,15 @@ import time
 
 import torch
 
+from hethpc import comm
 from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.policy import Outcome, SyncPolicy
 
 
 class BSP(SyncPolicy):
     """Average the gradients across ranks every step, then step: what
-    ``hvd.DistributedOptimizer`` does, with one fused allreduce and ``b_k / B`` weights.
+    ``hvd.DistributedOptimizer`` does, with one flat-buffer allreduce and ``b_k / B`` weights
+    (the weight check inside it).
 
     Args:
         group: the ranks that synchronise together (default: the world).
@@ -32,8 +34,11 @@ class BSP(SyncPolicy):
         weight: float | None,
     ) -> Outcome:
         t0 = time.perf_counter()
-        votes = self._agree_unanimous(weight)
-        nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
+        # The weight check rides in the gradient allreduce: one collective per step.
+        nbytes = average_gradients_(
+            model.parameters(), weight=weight, group=self.group, check=self.check_weights
+        )
+        votes = comm.size() if self.group is None else self.group.size
         seconds = time.perf_counter() - t0
         optimizer.step()
         return Outcome(synced=True, votes=votes, sync_s=seconds, bytes=nbytes)

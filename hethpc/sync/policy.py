@@ -12,7 +12,7 @@ import torch
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.sync.averaging import agree, average_model_, gradient_bytes
+from hethpc.sync.averaging import Agreement, agree, agree_step, average_model_, gradient_bytes
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer
@@ -113,6 +113,7 @@ class SyncPolicy(abc.ABC):
         *,
         weight: float | None = None,
         compute_s: float = math.nan,
+        finite: bool | None = None,
     ) -> SyncRecord:
         """Take one training step: vote and communicate as the policy says, and step the optimizer.
 
@@ -123,9 +124,15 @@ class SyncPolicy(abc.ABC):
                 batches; the averages are then weighted by it. None (default) means equal
                 shares, ``1 / N``. Either all ranks pass a weight or none; they must sum to 1.
             compute_s: seconds of forward and backward, only copied into the record.
+            finite: whether this rank's loss and gradients are finite. When given, the ranks
+                agree on it (inside the policy's own vote where it has one, as SelSync does,
+                else in one tiny allreduce), and if any rank's are not, every rank skips the
+                step: no update, no change of the policy's state, the record's ``nonfinite``
+                names the ranks. None (default): no check.
 
         Returns:
-            The step's record (also appended to :attr:`records` when ``keep_records``).
+            The step's record (also appended to :attr:`records` when ``keep_records``, unless
+            skipped).
 
         Raises:
             SyncError: on every rank, when the weights are inconsistent.
@@ -133,6 +140,13 @@ class SyncPolicy(abc.ABC):
         if self.outer is not None:
             self.outer.start(model)  # the first step's parameters: the first start point
         norm = gradient_norm(model.parameters(), kind=self.norm_kind)
+        bad = self._decide(norm, weight, finite).nonfinite
+        if bad:
+            return SyncRecord(
+                step=self._step_count, grad_norm=norm, smoothed_norm=math.nan, delta=math.nan,
+                votes=0, synced=False, sync_s=0.0, compute_s=float(compute_s),
+                nonfinite=tuple(bad),
+            )  # fmt: skip
         if weight is not None:
             self._round_sum += float(weight)
             self._round_n += 1
@@ -164,6 +178,15 @@ class SyncPolicy(abc.ABC):
         if self.keep_records:
             self.records.append(record)
         return record
+
+    def _decide(self, norm: float, weight: float | None, finite: bool | None) -> Agreement:
+        """The step's control exchange, before anything changes: here only the non-finite
+        check, when asked for. Policies that vote every step (SelSync) fold it into their vote
+        and keep the decision for :meth:`_step`; they must leave their state as it was when
+        some rank is not finite."""
+        if finite is None:
+            return Agreement(0, [])
+        return agree_step(False, None, finite=finite, group=self.group)
 
     @abc.abstractmethod
     def _step(

@@ -21,6 +21,8 @@ class SyncRecord:
         sync_s: seconds spent in this step's collectives (vote and allreduces) on this rank.
         compute_s: seconds of forward and backward, as passed to ``step`` (``nan`` if not).
         bytes: payload bytes this rank put into tensor allreduces this step.
+        nonfinite: the ranks whose loss or gradients were not finite, when the caller passed
+            ``finite`` to ``step``; non-empty means every rank skipped the step (no update).
     """
 
     step: int
@@ -32,6 +34,7 @@ class SyncRecord:
     sync_s: float
     compute_s: float = math.nan
     bytes: int = 0
+    nonfinite: tuple[int, ...] = ()
 
     @property
     def decision(self) -> str:

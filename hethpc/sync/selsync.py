@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from hethpc.comm import Group
-from hethpc.sync.averaging import agree, average_gradients_
+from hethpc.sync.averaging import Agreement, agree_step, average_gradients_
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.policy import Outcome, SyncPolicy
@@ -17,6 +17,7 @@ from hethpc.sync.significance import (
     NORM_KINDS,
     Criterion,
     NormKind,
+    Significance,
     SignificanceTracker,
 )
 
@@ -103,10 +104,23 @@ class SelSync(SyncPolicy):
         self._local_run = 0  # local steps since the last sync (equal on every rank)
         self.aggregation: Aggregation = aggregation
         self.norm: NormKind = norm
+        self._pending: tuple[Significance, int, float] | None = None  # from _decide
 
     @property
     def norm_kind(self) -> NormKind:
         return self.norm
+
+    def _decide(self, norm: float, weight: float | None, finite: bool | None) -> Agreement:
+        """Fold in the norm and vote, with the non-finite flag in the same allreduce; on a
+        step some rank must skip, the tracker goes back to where it was."""
+        before = self.tracker.state_dict() if finite is not None else None
+        sig = self.tracker.update(norm)
+        t0 = time.perf_counter()
+        out = agree_step(sig.vote, weight, finite=finite is not False, group=self.group)
+        if out.nonfinite and before is not None:
+            self.tracker.load_state_dict(before)
+        self._pending = (sig, out.votes, time.perf_counter() - t0)
+        return out
 
     def _step(
         self,
@@ -116,11 +130,11 @@ class SelSync(SyncPolicy):
         norm: float,
         weight: float | None,
     ) -> Outcome:
-        sig = self.tracker.update(norm)
+        assert self._pending is not None  # step() runs _decide first
+        sig, votes, seconds = self._pending
         # Every rank counts the same local steps, so ``stale`` is the same everywhere.
         stale = self.max_local_steps is not None and self._local_run >= self.max_local_steps
         t0 = time.perf_counter()
-        votes = agree(sig.vote, weight, group=self.group)
         synced = votes > 0 or stale
         if synced:
             self.tracker.synced()
@@ -131,7 +145,7 @@ class SelSync(SyncPolicy):
         nbytes = 0
         if synced and self.aggregation == "grads":
             nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
-        seconds = time.perf_counter() - t0
+        seconds += time.perf_counter() - t0
         optimizer.step()
         averaged = synced and self.aggregation == "params"
         if averaged:

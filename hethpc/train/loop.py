@@ -415,10 +415,22 @@ def run_training(
                         bad = [rank] if mine_bad else []
                         if bad:
                             policy.skip(module)
-                    else:
+                        else:
+                            record = policy.step(
+                                module, optimizer, weight=weight, compute_s=compute_s
+                            )
+                    elif policy.group is None:  # the world agrees inside the policy's vote
+                        record = policy.step(
+                            module, optimizer, weight=weight, compute_s=compute_s,
+                            finite=not mine_bad,
+                        )  # fmt: skip
+                        bad = list(record.nonfinite)
+                    else:  # pipeline stages: every stage of every replica skips alike
                         bad = nonfinite_ranks(mine_bad)
-                    if not bad:
-                        record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
+                        if not bad:
+                            record = policy.step(
+                                module, optimizer, weight=weight, compute_s=compute_s
+                            )
                 in_a_row = in_a_row + 1 if bad else 0
                 if bad:
                     where = f"non-finite loss or gradient at step {step} on rank(s) {bad}"

@@ -12,6 +12,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.sync import (
+    BSP,
     FedAvg,
     LocalOnly,
     SelSync,
@@ -225,3 +226,59 @@ def test_periodic_and_local_replicas(world: tuple[int, int], policy: object) -> 
             assert not _replicas_equal(model)
     assert pol.finish(model)
     assert _replicas_equal(model)
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        (lambda r, n: 0.5 / n, "weights sum to 0.5, not 1"),
+        (lambda r, n: None if r == 0 else 1.0 / n, "passed no weight while the others did"),
+        (lambda r, n: math.nan if r == n - 1 else 1.0 / n, r"rank\(s\) \[\d+\] passed a weight"),
+    ],
+    ids=["sum-half", "some-missing", "nan"],
+)
+def test_bsp_checks_weights_inside_its_gradient_allreduce(
+    world: tuple[int, int], weights: object, match: str
+) -> None:
+    r, n = world
+    if n == 1 and match.startswith("passed no weight"):
+        pytest.skip("needs two ranks")
+    model = _model()
+    _train_step(model, r, 0)
+    with pytest.raises(SyncError, match=match):
+        BSP().step(model, torch.optim.SGD(model.parameters(), lr=0.1), weight=weights(r, n))  # type: ignore[operator]
+
+
+def test_gradients_accumulated_into_the_buffer_are_averaged_again(world: tuple[int, int]) -> None:
+    r, n = world
+    model = nn.Linear(3, 2)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(r + 1))
+    average_gradients_(model.parameters(), check=True)  # .grad are now views of its buffer
+    mean = (n + 1) / 2
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.full_like(p, mean))
+        p.grad.add_(float(r))  # accumulated in place, as backward() does
+    average_gradients_(model.parameters(), check=True)
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.full_like(p, mean + (n - 1) / 2))
+
+
+def test_selsync_skips_a_nonfinite_step_on_every_rank_and_forgets_it(
+    world: tuple[int, int],
+) -> None:
+    r, n = world
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = SelSync(threshold=0.3, window=3)
+    for step in range(6):
+        _train_step(model, r, step)
+        if step == 4:
+            tracker, before = policy.tracker.state_dict(), _flat(model)
+            rec = policy.step(model, opt, finite=r != n - 1)
+            assert rec.nonfinite == (n - 1,) and not rec.synced
+            assert policy.tracker.state_dict() == tracker and policy.steps == 4
+            assert np.array_equal(_flat(model), before)  # no update anywhere
+        else:
+            assert policy.step(model, opt, finite=True).nonfinite == ()
+    assert policy.steps == 5
