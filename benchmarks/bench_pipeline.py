@@ -20,7 +20,7 @@ micro-batches and data, timed over the same scope (zero_grad, the schedule's ste
 optimizer's step, after a barrier) and interleaved with hethpc's rows in every round
 (``--peers`` picks them; ``--peers none`` skips them). ``hethpc_best_over_torch_best`` is the
 median over rounds of the best hethpc schedule's throughput over the best torch schedule's
-(each picked by its median).
+(each side's best: its highest ``speedup``).
 
 Rounds alternate single-rank and pipeline steps (--rounds, default 16, of --steps, default 1,
 each); ``speedup`` is the median of the rounds' own ratios, since the host's speed drifts by
@@ -304,9 +304,10 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     single_s = med(single_r)
     alone_s = med([t for d in all_ranks for t in d["alone"]])
     step_s = {s: med(v) for s, v in step_r.items()}
-    # The best schedule of each side by its median step; their ratio per round.
-    best = min(["1f1b", "gpipe", "zb"], key=lambda s: step_s[s])
-    torch_best = min(peers, key=lambda s: step_s[s]) if peers else None
+    # The best schedule of each side by its speedup (as above, the median of the rounds' own
+    # ratios); then their ratio per round.
+    best = max(["1f1b", "gpipe", "zb"], key=lambda s: med(ratio_r[s]))
+    torch_best = max(peers, key=lambda s: med(ratio_r[s])) if peers else None
     over_torch = (
         med([t / h for h, t in zip(step_r[best], step_r[torch_best], strict=True)])
         if torch_best is not None else None
