@@ -1,19 +1,33 @@
-"""hethpc's BSP path against a plain Horovod loop: epoch time and test accuracy, side by side.
+"""hethpc's BSP step against its peers: plain Horovod, PyTorch DDP (gloo), side by side.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_overhead.py [--quick]
 
-Started as a plain process it relaunches itself under ``scripts/mpirun.sh -np 2``. Both loops
-train the same 1-D CNN from the same initial weights on MNIST-1D (40,000 training samples),
-same global batch, optimizer and seed, one after the other in the same job: first the plain
-loop (``hvd.DistributedOptimizer``, each rank slicing a shuffled global batch), then
-``hethpc.train.train`` with BSP (loader, batch controller, sync policy, non-finite vote,
-metrics and watchdog all on, evaluation only at the end). Both loops take the same number of
-steps per epoch (ceil(n / B)) from uniformly shuffled epochs at the same learning rate, and both
-time every epoch from their first step (setup excluded on both sides). The machine may be
-shared, so besides the mean epoch time the median epoch time of each is reported, and the ratio
-the goal is judged by is the ratio of medians (``epoch_time_ratio``; ``mean_ratio`` beside it).
-Goal (issue 7): hethpc's epoch time at most 1.05x Horovod's, its test accuracy within 0.5
-points. The last line is one JSON object.
+Started as a plain process it relaunches itself under ``scripts/mpirun.sh -np 2``. Every loop
+trains from the same initial weights with the same global batch, optimizer (SGD, momentum 0.9),
+learning rate, seed and per-rank slices of the same shuffled epochs; evaluation is outside
+every timed scope. The contenders:
+
+- ``horovod``: a plain loop with ``hvd.DistributedOptimizer`` (per-parameter hooks, Horovod's
+  tensor fusion, the allreduce overlapping the backward pass);
+- ``ddp``: the same loop with ``torch.nn.parallel.DistributedDataParallel`` over gloo
+  (25 MB buckets fired by gradient hooks);
+- ``hethpc``: the same loop with a plain optimizer and ``hethpc.sync.BSP().step`` (its weight
+  check on, inside the gradient allreduce);
+- ``job``: ``hethpc.train.train`` with BSP (loader, batch controller, sync policy, non-finite
+  guard, metrics, watchdog), i.e. ``jobs/train.py``; it runs on its own after the others.
+
+Two models. The small 1-D CNN of MNIST-1D (8k parameters, global batch 128, 40,000 samples):
+compute-bound, one epoch per contender in turn (``--epochs`` rounds), the median epoch time
+reported. A communication-bound one (the built-in ``large``, 7.4M parameters, 30 MB of
+gradients, global batch 32): ``--rounds`` rounds of ``--steps`` steps per contender in turn,
+the median step time reported. Each ratio is the median of the rounds' own ratios (the host
+drifts 10-30 % within seconds). Beside them, the same gradient bytes through each transport
+(hethpc's flat buffer, Horovod's grouped allreduce of the parameter list, one Horovod tensor,
+gloo, mpi4py): median milliseconds and GB/s (bytes / time).
+
+Goals (issue 23): hethpc BSP at most 0.95x Horovod and 0.95x DDP per epoch (step), on both
+models; its allreduce at least 0.9x the fastest transport on the same bytes; test accuracy of
+the job within 0.1 point of the previous commit's. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -21,130 +35,233 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from _launch import relaunch, under_mpi
 from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, load_mnist1d
 from hethpc.models import build_model
+from hethpc.sync import BSP, average_gradients_
 from hethpc.train import TrainConfig, evaluate, read_metrics, train
+
+PEERS = ("horovod", "ddp", "hethpc")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="3 epochs each (about a minute)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs of each loop")
+    p.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    p.add_argument("--epochs", type=int, default=8, help="small CNN: epochs of each contender")
     p.add_argument("--samples", type=int, default=50_000, help="MNIST-1D samples (80%% train)")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch")
+    p.add_argument("--batch-size", type=int, default=128, help="small CNN: global batch")
+    p.add_argument("--big-batch-size", type=int, default=32, help="large model: global batch")
+    p.add_argument("--rounds", type=int, default=5, help="large model: rounds per contender")
+    p.add_argument("--steps", type=int, default=20, help="large model: steps per round")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
-    p.add_argument("--np", type=int, default=2, help="ranks (when relaunching under mpirun)")
+    p.add_argument("--np", type=int, default=2, help="ranks (when relaunching)")
     args = p.parse_args(argv)
     if args.quick:
-        args.epochs = 3
+        args.epochs, args.rounds, args.steps = 2, 2, 5
     return args
 
 
-def horovod_loop(
-    args: argparse.Namespace, train_set: ArrayDataset
-) -> tuple[list[float], nn.Module]:
-    """The plain Horovod data-parallel loop; returns (seconds of each epoch, model)."""
-    import horovod.torch as hvd  # the baseline is plain Horovod, on purpose
-
-    rank, size = comm.rank(), comm.size()
-    torch.manual_seed(args.seed)
-    model = build_model("cnn1d", train_set.x.shape[1:], train_set.num_classes)
-    with torch.no_grad():
-        model(torch.zeros(2, *train_set.x.shape[1:]))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    if size > 1:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    loss_fn = nn.CrossEntropyLoss()
-    b, n = args.batch_size // size, len(train_set)
-    steps = -(-n // args.batch_size)
-    t0 = time.perf_counter()
-    ends = []
-    for epoch in range(args.epochs):
-        perm = np.random.default_rng(args.seed + epoch).permutation(n)
-        perm = np.concatenate([perm, perm[: steps * args.batch_size - n]])  # wrap the last batch
-        for s in range(steps):
-            idx = np.sort(perm[s * args.batch_size + rank * b :][:b])
-            x, y = torch.from_numpy(train_set.x[idx]), torch.from_numpy(train_set.y[idx])
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-        ends.append(time.perf_counter() - t0)
-        if rank == 0:
-            print(f"  horovod epoch {epoch + 1}/{args.epochs}  {time.perf_counter() - t0:.1f} s",
-                  flush=True)  # fmt: skip
-    return list(np.diff([0.0, *ends])), model
+def say(*a: object) -> None:
+    if comm.rank() == 0:
+        print(*a, flush=True)
 
 
-def hethpc_epochs(run_dir: Path, epochs: int) -> list[float]:
-    """Seconds of each epoch of rank 0, from its step records (``time`` at each epoch's end)."""
-    ends: dict[int, float] = {}
-    for r in read_metrics(run_dir / "metrics" / "rank0.jsonl"):
-        if r["kind"] == "step":
-            ends[int(r["epoch"])] = float(r["time"])  # the last step of each epoch wins
-    return list(np.diff([0.0, *(ends[e] for e in sorted(ends))]))[:epochs]
+class Loop:
+    """One contender's model, optimizer and step, on this rank's slice of each global batch."""
+
+    def __init__(self, kind: str, model_name: str, data: ArrayDataset, args: argparse.Namespace,
+                 batch: int) -> None:  # fmt: skip
+        import horovod.torch as hvd  # the baseline is plain Horovod, on purpose
+
+        torch.manual_seed(args.seed)
+        self.model = build_model(model_name, data.x.shape[1:], data.num_classes)
+        with torch.no_grad():
+            self.model(torch.zeros(2, *data.x.shape[1:]))
+        self.kind, self.data, self.batch, self.seed = kind, data, batch, args.seed
+        opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+        self.net: nn.Module = self.model
+        self.policy: BSP | None = None
+        if kind == "horovod":
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters())
+        elif kind == "ddp":
+            self.net = nn.parallel.DistributedDataParallel(self.model)
+        else:
+            self.policy = BSP(keep_records=False)
+        self.opt = opt
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.steps_per_epoch = -(-len(data) // batch)
+
+    def run(self, epoch: int, steps: range) -> float:
+        """Seconds of ``steps`` of ``epoch`` (from a barrier)."""
+        perm = np.random.default_rng(self.seed + epoch).permutation(len(self.data))
+        rank, b, n = comm.rank(), self.batch // comm.size(), len(self.data)
+        comm.barrier()
+        t0 = time.perf_counter()
+        for s in steps:
+            start = (s * self.batch) % n + rank * b
+            idx = np.sort(np.take(perm, np.arange(start, start + b), mode="wrap"))
+            x, y = torch.from_numpy(self.data.x[idx]), torch.from_numpy(self.data.y[idx])
+            self.opt.zero_grad()
+            self.loss_fn(self.net(x), y).backward()
+            if self.policy is not None:
+                self.policy.step(self.model, self.opt)
+            else:
+                self.opt.step()
+        return time.perf_counter() - t0
+
+
+def job_steps(run_dir: Path) -> list[float]:
+    """Rank 0's seconds of each step of a job, from its step records."""
+    times = [float(r["time"]) for r in read_metrics(run_dir / "metrics" / "rank0.jsonl")
+             if r["kind"] == "step"]  # fmt: skip
+    return list(np.diff([0.0, *times]))
+
+
+def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *,
+            epochs: int = 0, max_steps: int = 0) -> tuple[Path, dict]:  # fmt: skip
+    run_dir = comm.broadcast_object(tempfile.mkdtemp(prefix="hethpc-bench-") if comm.rank() == 0
+                                    else "")  # fmt: skip
+    cfg = TrainConfig(
+        samples=args.samples, cache_dir=cache, model=model, epochs=max(epochs, 1),
+        max_steps=max_steps, batch_size=batch, lr=args.lr, momentum=0.9, seed=args.seed,
+        sync="bsp", eval_every=0, progress=False, run_dir=run_dir, watchdog_s=300,
+    )  # fmt: skip
+    result = train(cfg, overwrite=True, log=lambda m: say("  " + m))
+    return Path(run_dir), result.summary
+
+
+def ratios(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of ``a``'s time over ``b``'s in the same round."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+
+def transports(model: nn.Module, reps: int) -> dict[str, float]:
+    """Median ms of one allreduce of ``model``'s gradient bytes through each transport."""
+    import horovod.torch as hvd
+
+    mpi = comm.runtime.state().mpi
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    grads = [torch.ones_like(p) for p in model.parameters()]
+    flat = torch.ones(sum(g.numel() for g in grads))
+    buf = flat.numpy()
+    ways: dict[str, Callable[[], object]] = {
+        "hethpc": lambda: average_gradients_(model.parameters(), check=True),
+        "horovod_grouped": lambda: hvd.grouped_allreduce_(grads, op=hvd.Average, name="b.g"),
+        "horovod_flat": lambda: hvd.allreduce_(flat, op=hvd.Average, name="b.f"),
+        "gloo": lambda: dist.all_reduce(flat),
+        "mpi4py": lambda: mpi.COMM_WORLD.Allreduce(mpi.IN_PLACE, buf, op=mpi.SUM),
+    }
+    out: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(reps):
+        for k, fn in ways.items():
+            comm.barrier()
+            t0 = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in out.items()}
 
 
 def worker(args: argparse.Namespace) -> None:
     comm.init()
     torch.set_num_threads(1)
     rank = comm.rank()
+    port = comm.broadcast_object(29500 + os.getpid() % 2000)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=comm.size())
     cache = os.environ.get("HETHPC_CACHE", str(Path.home() / ".cache" / "hethpc"))
     if rank == 0:
         load_mnist1d(num_samples=args.samples, seed=42, cache_dir=cache)
     comm.barrier()
     train_set, test_set = load_mnist1d(num_samples=args.samples, seed=42, cache_dir=cache)
-    say = print if rank == 0 else (lambda *_a, **_k: None)
-    say(f"bench_overhead: {comm.size()} ranks, {len(train_set)} train samples, global batch "
-        f"{args.batch_size}, {args.epochs} epochs per loop", flush=True)  # fmt: skip
+    say(f"bench_overhead: {comm.size()} ranks, {len(train_set)} train samples")
+    out: dict[str, object] = {"ranks": comm.size(), "quick": args.quick}
 
-    say("plain Horovod (hvd.DistributedOptimizer):", flush=True)
-    hvd_epochs, hvd_model = horovod_loop(args, train_set)
-    hvd_acc = evaluate(hvd_model, test_set)
+    # The small CNN: one epoch of each contender in turn.
+    say(f"\ncnn1d (8k parameters), global batch {args.batch_size}, {args.epochs} rounds of one "
+        "epoch each:")  # fmt: skip
+    loops = {k: Loop(k, "cnn1d", train_set, args, args.batch_size) for k in PEERS}
+    times: dict[str, list[float]] = {k: [] for k in PEERS}
+    for e in range(args.epochs):
+        for k, loop in loops.items():
+            times[k].append(loop.run(e, range(loop.steps_per_epoch)))
+        say(f"  epoch {e + 1}: " + "  ".join(f"{k} {times[k][-1]:.2f} s" for k in PEERS))
+    accs = {k: evaluate(loop.model, test_set) for k, loop in loops.items()}
+    say("  the job (jobs/train.py's loop, BSP):")
+    run_dir, summary = run_job(args, cache, "cnn1d", args.batch_size, epochs=args.epochs)
+    steps = job_steps(run_dir) if rank == 0 else []
+    spe = loops["hethpc"].steps_per_epoch
+    job_epochs = [sum(steps[i : i + spe]) for i in range(0, len(steps) - spe + 1, spe)]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    med["job"] = statistics.median(job_epochs) if job_epochs else float(summary["time_s"])
+    accs["job"] = float(summary["test_acc"])
+    small = {
+        "epoch_s": {k: round(v, 4) for k, v in med.items()},
+        "test_acc": {k: round(v, 4) for k, v in accs.items()},
+        "hethpc_vs_horovod": round(ratios(times, "hethpc", "horovod"), 4),
+        "hethpc_vs_ddp": round(ratios(times, "hethpc", "ddp"), 4),
+        "job_vs_horovod": round(med["job"] / med["horovod"], 4),
+        "job_vs_ddp": round(med["job"] / med["ddp"], 4),
+    }
+    say("  median epoch: " + "  ".join(f"{k} {v:.3f} s" for k, v in med.items()))
+    say(f"  hethpc/horovod {small['hethpc_vs_horovod']}, hethpc/ddp {small['hethpc_vs_ddp']}, "
+        f"job/horovod {small['job_vs_horovod']}, job/ddp {small['job_vs_ddp']} (goal <= 0.95)")
+    out["cnn1d"] = small
 
-    say("hethpc (jobs/train.py's loop, BSP):", flush=True)
-    run_dir = comm.broadcast_object(tempfile.mkdtemp(prefix="hethpc-bench-") if rank == 0 else "")
-    cfg = TrainConfig(
-        samples=args.samples, cache_dir=cache, model="cnn1d", epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, momentum=0.9, seed=args.seed, sync="bsp",
-        eval_every=0, progress=False, run_dir=run_dir, watchdog_s=300,
-    )  # fmt: skip
-    result = train(cfg, overwrite=True, log=lambda m: say("  " + m, flush=True))
-    het_s, het_acc = float(result.summary["time_s"]), float(result.summary["test_acc"])
-    het_epochs = hethpc_epochs(Path(run_dir), args.epochs) if rank == 0 else []
-
-    hvd_epoch, het_epoch = float(np.mean(hvd_epochs)), het_s / args.epochs
-    hvd_med = float(np.median(hvd_epochs))
-    het_med = float(np.median(het_epochs)) if het_epochs else het_epoch
-    ratio, mean_ratio = het_med / hvd_med, het_epoch / hvd_epoch
-    say("per-epoch seconds, horovod: " + " ".join(f"{t:.2f}" for t in hvd_epochs))
-    say("per-epoch seconds, hethpc:  " + " ".join(f"{t:.2f}" for t in het_epochs))
-    say(f"\n{'':10}{'mean epoch':>12}{'median':>10}{'test acc':>10}")
-    say(f"{'horovod':10}{hvd_epoch:>10.2f} s{hvd_med:>8.2f} s{100 * hvd_acc:>9.2f}%")
-    say(f"{'hethpc':10}{het_epoch:>10.2f} s{het_med:>8.2f} s{100 * het_acc:>9.2f}%")
-    say(f"ratio of medians {ratio:.3f} (goal <= 1.05; of means {mean_ratio:.3f}), accuracy gap "
-        f"{100 * (het_acc - hvd_acc):+.2f} points (goal within 0.5)")  # fmt: skip
-    say(json.dumps({
-        "hethpc_epoch_s": round(het_epoch, 4), "horovod_epoch_s": round(hvd_epoch, 4),
-        "hethpc_median_epoch_s": round(het_med, 4), "horovod_median_epoch_s": round(hvd_med, 4),
-        "epoch_time_ratio": round(ratio, 4), "mean_ratio": round(mean_ratio, 4),
-        "hethpc_test_acc": round(het_acc, 4),
-        "horovod_test_acc": round(hvd_acc, 4),
-        "acc_gap_points": round(100 * (het_acc - hvd_acc), 2), "epochs": args.epochs,
-        "ranks": comm.size(), "train_samples": len(train_set), "quick": args.quick,
-    }), flush=True)  # fmt: skip
+    # The communication-bound model: rounds of --steps steps of each contender in turn.
+    b = args.big_batch_size
+    say(f"\nlarge (7.4M parameters, 30 MB of gradients), global batch {b}, {args.rounds} rounds "
+        f"of {args.steps} steps:")  # fmt: skip
+    loops = {k: Loop(k, "large", train_set, args, b) for k in PEERS}
+    times = {k: [] for k in PEERS}
+    for r in range(args.rounds):
+        for k, loop in loops.items():
+            steps_r = range(r * args.steps, (r + 1) * args.steps)
+            times[k].append(loop.run(0, steps_r) / args.steps)
+        say(f"  round {r + 1}: " + "  ".join(f"{k} {1e3 * times[k][-1]:.1f} ms" for k in PEERS))
+    say("  the job:")
+    run_dir, summary = run_job(args, cache, "large", b, max_steps=args.rounds * args.steps)
+    steps = job_steps(run_dir)[1:] if rank == 0 else []  # the first step builds buffers
+    med = {k: statistics.median(v) for k, v in times.items()}
+    med["job"] = statistics.median(steps) if steps else float("nan")
+    tx = transports(loops["hethpc"].model, reps=5 if args.quick else 15)
+    nbytes = 4 * sum(p.numel() for p in loops["hethpc"].model.parameters())
+    fastest = min(v for k, v in tx.items() if k != "hethpc")
+    big = {
+        "step_ms": {k: round(1e3 * v, 2) for k, v in med.items()},
+        "hethpc_vs_horovod": round(ratios(times, "hethpc", "horovod"), 4),
+        "hethpc_vs_ddp": round(ratios(times, "hethpc", "ddp"), 4),
+        "job_vs_horovod": round(med["job"] / med["horovod"], 4),
+        "job_vs_ddp": round(med["job"] / med["ddp"], 4),
+        "allreduce_ms": {k: round(v, 2) for k, v in tx.items()},
+        "allreduce_gb_per_s": {k: round(nbytes / v / 1e6, 3) for k, v in tx.items()},
+        "allreduce_vs_fastest": round(fastest / tx["hethpc"], 4),
+    }
+    say("  median step: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in med.items()))
+    say(f"  hethpc/horovod {big['hethpc_vs_horovod']}, hethpc/ddp {big['hethpc_vs_ddp']}, "
+        f"job/horovod {big['job_vs_horovod']}, job/ddp {big['job_vs_ddp']} (goal <= 0.95)")
+    say("  allreduce of the gradient bytes: " + "  ".join(
+        f"{k} {v:.1f} ms ({big['allreduce_gb_per_s'][k]} GB/s)" for k, v in tx.items()))  # type: ignore[index]
+    say(f"  hethpc's throughput / the fastest other: {big['allreduce_vs_fastest']} (goal >= 0.9)")
+    out["large"] = big
+    dist.destroy_process_group()
+    say(json.dumps(out))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,11 +28,24 @@ def _ge(v: object, bound: float) -> bool:
     return isinstance(v, (int, float)) and v >= bound
 
 
+def _le(v: object, bound: float) -> bool:
+    return isinstance(v, (int, float)) and v <= bound
+
+
 # benchmark -> key -> (goal text, test on the value or None)
 GOALS: dict[str, dict[str, tuple[str, object]]] = {
     "bench_overhead": {
-        "epoch_time_ratio": ("<= 1.05 (hethpc / Horovod epoch time)", lambda v: v <= 1.05),
-        "acc_gap_points": ("within 0.5 points of Horovod", lambda v: abs(v) <= 0.5),
+        **{
+            f"{model}.{key}": (f"<= 0.95 ({what}, {model})", lambda v: _le(v, 0.95))
+            for model in ("cnn1d", "large")
+            for key, what in (
+                ("hethpc_vs_horovod", "hethpc BSP / plain Horovod"),
+                ("hethpc_vs_ddp", "hethpc BSP / DDP gloo"),
+                ("job_vs_horovod", "jobs/train.py BSP / plain Horovod"),
+                ("job_vs_ddp", "jobs/train.py BSP / DDP gloo"),
+            )
+        },
+        "large.allreduce_vs_fastest": (">= 0.9 (of the fastest transport)", lambda v: _ge(v, 0.9)),
     },
     "bench_loader": {
         "loader_vs_raw": (">= 0.7 (raw contiguous h5py reads)", lambda v: v >= 0.7),

@@ -44,7 +44,8 @@ class SyncPolicy(abc.ABC):
     Args:
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record in :attr:`records` (small; disable for very
-            long runs).
+            long runs). Without records, policies that do not decide by the gradient norm skip
+            computing it (a pass over the gradients), and the records they return hold ``nan``.
         check_weights: check every step, in one tiny allreduce, that the ranks' weights are
             consistent. Turn it off only when the caller guarantees it (weights computed from
             a batch-size vector the ranks already agreed on, as ``hethpc.train`` does): a step
@@ -62,6 +63,7 @@ class SyncPolicy(abc.ABC):
     averages_models: ClassVar[bool] = True  # whether its synchronisations average parameters
     # Ranks step at their own pace: no collective between steps (the caller must not add one).
     asynchronous: ClassVar[bool] = False
+    decides_by_norm: ClassVar[bool] = False  # whether _step reads the gradient norm
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class SyncPolicy(abc.ABC):
         self._synced = 0
         self._bytes = 0
         self._bsp_bytes = 0
+        self._grad_bytes: int | None = None  # what one BSP allreduce of the model carries
         self._sync_s = 0.0
         self._diverged = False  # replicas may differ: a local step since the last model average
         self._last_weight: float | None = None
@@ -139,7 +142,12 @@ class SyncPolicy(abc.ABC):
         """
         if self.outer is not None:
             self.outer.start(model)  # the first step's parameters: the first start point
-        norm = gradient_norm(model.parameters(), kind=self.norm_kind)
+        # One pass over the gradients: only for the records, or for a policy that decides by it.
+        norm = (
+            gradient_norm(model.parameters(), kind=self.norm_kind)
+            if self.keep_records or self.decides_by_norm
+            else math.nan
+        )
         bad = self._decide(norm, weight, finite).nonfinite
         if bad:
             return SyncRecord(
@@ -172,7 +180,9 @@ class SyncPolicy(abc.ABC):
         self._step_count += 1
         self._synced += int(out.synced)
         self._bytes += out.bytes
-        self._bsp_bytes += gradient_bytes(model.parameters())
+        if self._grad_bytes is None:  # the parameters are fixed for the run
+            self._grad_bytes = gradient_bytes(model.parameters())
+        self._bsp_bytes += self._grad_bytes
         self._sync_s += out.sync_s
         self._last_weight = weight
         if self.keep_records:

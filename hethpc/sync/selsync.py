@@ -62,6 +62,7 @@ class SelSync(SyncPolicy):
     """
 
     name = "selsync"
+    decides_by_norm = True
 
     def __init__(
         self,

@@ -78,6 +78,11 @@ class DataParallel:
         self.collective_eval = False
         self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
         self.min_batch = 1
+        # Zero gradients in place instead of dropping them: backward then accumulates into the
+        # sync policy's flat buffer (no fresh allocation, no copy into it). Only where a
+        # missing gradient counts as zeros anyway (BSP); elsewhere an unused parameter must
+        # keep None, so that the optimizer leaves it alone.
+        self.zero_in_place = False
 
     def describe(self) -> str:
         return f"{comm.size()} rank(s), data-parallel"
@@ -94,7 +99,10 @@ class DataParallel:
         out = self.module(x)
         loss = poison(loss_fn(out, y))
         for p in self.module.parameters():
-            p.grad = None
+            if self.zero_in_place and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
         loss.backward()
         return loss, out
 

@@ -328,6 +328,8 @@ def run_training(
     bsp_guard = cfg.sync == "bsp" and not engine.saves_own_state
     average_at_eval = cfg.sync != "bsp" and not engine.saves_own_state and size > 1
     guard = AveragedGradientGuard(optimizer) if bsp_guard else None
+    if bsp_guard and cfg.inner_steps != "speed":
+        engine.zero_in_place = True  # type: ignore[union-attr]
     bar = (
         Progress(total, start, every_s=cfg.progress_every_s, log=say)
         if cfg.progress and rank == 0

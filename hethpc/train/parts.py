@@ -185,7 +185,8 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
 
     The loop's weights ``b_k / B`` come from the batch controller's size vector, which every
     rank holds identically, so BSP and FedAvg skip their per-step weight check (BSP then
-    issues no control collective at all, only its gradient allreduce).
+    issues no control collective at all, only its gradient allreduce). The loop writes its own
+    step records, so the policy keeps none.
     """
     outer = None
     if cfg.outer_optimizer != "none":
@@ -193,19 +194,21 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
     if cfg.sync == "selsync":
         return _make_sync_policy(
             "selsync", threshold=cfg.threshold, window=cfg.sync_window,
-            aggregation=cfg.aggregation, group=group,
+            aggregation=cfg.aggregation, group=group, keep_records=False,
             max_local_steps=staleness_bound(cfg), outer=outer, drift=drift_correction(cfg),
         )  # fmt: skip
     if cfg.sync == "fedavg":
         return _make_sync_policy(
             "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer,
-            drift=drift_correction(cfg),
+            drift=drift_correction(cfg), keep_records=False,
         )  # fmt: skip
     if cfg.sync == "bsp":
-        return _make_sync_policy("bsp", check_weights=False, group=group)
+        return _make_sync_policy("bsp", check_weights=False, group=group, keep_records=False)
     if cfg.sync == "ssp":
-        return _make_sync_policy("ssp", staleness=cfg.staleness, group=group)
-    return _make_sync_policy(cfg.sync, group=group, outer=outer, drift=drift_correction(cfg))
+        return _make_sync_policy("ssp", staleness=cfg.staleness, group=group, keep_records=False)
+    return _make_sync_policy(
+        cfg.sync, group=group, outer=outer, drift=drift_correction(cfg), keep_records=False
+    )
 
 
 def inner_step_sizes(sizes: np.ndarray, replica: int, *, rows: int | None = None) -> list[int]:
