@@ -1,26 +1,35 @@
-"""Loader throughput on a >= 1 GB synthetic HDF5 dataset, beside raw and naive h5py reads.
+"""Loader throughput on a >= 1 GB synthetic HDF5 dataset, beside its peers and page-cache limits.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_loader.py [--quick]
 
 Measures samples/s for a few batch sizes, side by side in one run:
   loader: hethpc.data.Loader as configured by default on a dataset opened by default
-          (``open_dataset(path)``: sha256 of every shard checked once, then uncompressed chunks
-          read as raw bytes without HDF5's per-chunk Fletcher32 test; IID mode, chunk-aware
-          shuffle, prefetch="auto": this loop does nothing between batches, so it reads in
-          line); beside it, the same loader with the prefetch thread forced on
+          (``open_dataset(path)``: sha256 of every shard checked once, then each batch
+          gathered from the mapped shard files without HDF5's per-chunk Fletcher32 test; IID
+          mode, chunk-aware shuffle, prefetch="auto": this loop does nothing between batches,
+          so it reads in line); beside it, the same loader with the prefetch thread forced on
           (``loader_prefetch``) and on a dataset opened with ``verify=False``, whose reads go
           through HDF5 and its Fletcher32 test on every chunk (``loader_checked``);
   raw:    contiguous slices ``x[a:a+B]`` of each shard in file order through h5py (the
           practical limit, Fletcher32 tested by HDF5), and beside it contiguous raw chunk bytes
           (``read_direct_chunk``) copied into each batch: the limit of the loader's raw path
           (``raw_chunks``);
+  memmap: the page-cache limits: ``numpy.memmap`` of the same float32 sample bytes, written
+          once as a flat file beside the shards (``x.f32``, rows page-aligned), gathered per
+          batch with ``np.take`` in the loader's own epoch order (``memmap_shuffled``: the
+          limit for the loader's reads) and copied in file order (``memmap_contiguous``);
+  torch:  a torch ``DataLoader`` over an h5py Dataset that reads a whole batch per
+          ``__getitem__`` (sorted indices, one h5py fancy read per shard), fed batches of the
+          loader's order by a ``BatchSampler``, with 0 and 2 worker processes (``torch_h5py_0w``,
+          ``torch_h5py_2w``; timed from the first batch, so without the workers' start);
   naive:  a torch Dataset reading one sample per ``__getitem__`` from h5py, through a shuffling
           DataLoader (what users write first).
 All read the same files after one warm-up pass (the page cache then holds them), the same
 float32 samples stored with the Fletcher32 filter, single-threaded (the forced prefetch thread
-aside). The machine is shared, so loader and raw are measured in --rounds
-alternating rounds and each method's best round is reported (like ``timeit``), with every
-round's loader/raw ratio beside it to show the spread.
+and the torch workers aside); batches become torch tensors, labels included. The machine is
+shared, so every method but naive is measured in --rounds alternating rounds and each
+method's best round is reported (like ``timeit``), with every round's loader/memmap_shuffled
+and loader/raw ratios beside it to show the spread.
 The dataset is written once to --path (under /tmp) and reused by later runs.
 The last stdout line is one JSON object.
 """
@@ -63,13 +72,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3,
                    help="alternating rounds of raw and loader per batch size (best is kept)")
     p.add_argument("--naive-seconds", type=float, default=6.0, help="time per naive measurement")
+    p.add_argument("--torch-seconds", type=float, default=3.0,
+                   help="time per torch DataLoader measurement (each round, each worker count)")
     p.add_argument("--quick", action="store_true", help="about a minute: fewer bytes per point")
     return p.parse_args(argv)
 
 
 def ensure_dataset(path: Path, num_samples: int, floats: int) -> ShardedDataset:
     """Open the benchmark dataset, writing it first if absent or of another size."""
-    want = {"bench": "loader", "samples": num_samples, "floats": floats}
+    # "layout": shards from the writer that page-aligns chunks (older ones are rewritten).
+    want = {"bench": "loader", "samples": num_samples, "floats": floats, "layout": 2}
     if (path / "manifest.json").is_file():
         try:
             ds = open_dataset(path, verify=False)
@@ -89,12 +101,100 @@ def ensure_dataset(path: Path, num_samples: int, floats: int) -> ShardedDataset:
     return open_dataset(path, verify=False)
 
 
-def warm(ds: ShardedDataset) -> None:
+FLAT_NAME = "x.f32"  # beside the shards; open_dataset ignores files that are not shards
+
+
+def ensure_flat(ds: ShardedDataset) -> Path:
+    """The samples as one flat float32 file (rows at multiples of their size), written once."""
+    path = ds.root / FLAT_NAME
+    nbytes = len(ds) * int(np.prod(ds.sample_shape)) * ds.dtype.itemsize
+    if path.is_file() and path.stat().st_size == nbytes:
+        return path
+    print(f"writing the flat copy {path} ...", flush=True)
+    step = 16 * ds.chunk_samples
+    with open(path.with_suffix(".tmp"), "wb") as f:
+        for a in range(0, len(ds), step):
+            f.write(ds.read_window(np.arange(a, min(a + step, len(ds))))[0].tobytes())
+    os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
+def warm(ds: ShardedDataset, flat: Path) -> None:
     """Read every file once, so each method reads from the same (cached) state."""
-    for s in ds.manifest.shards:
-        with open(ds.root / s.file, "rb") as f:
+    for p in [ds.root / s.file for s in ds.manifest.shards] + [flat]:
+        with open(p, "rb") as f:
             while f.read(1 << 24):
                 pass
+
+
+def epoch_order(ds: ShardedDataset) -> np.ndarray:
+    """The loader's epoch-0 stream order (IID, one rank, seed 0, its default window)."""
+    return block_shuffle(np.arange(len(ds)), chunk=ds.chunk_samples, window=16, seed=0, epoch=0)
+
+
+def bench_memmap(
+    ds: ShardedDataset, flat: Path, order: np.ndarray | None, b: int, budget: int
+) -> float:
+    """Samples/s of batches gathered from a fresh ``numpy.memmap`` of the flat file:
+    ``np.take`` of ``order``'s batches, or copies of file-order slices (``order`` None)."""
+    x = np.memmap(flat, dtype=ds.dtype, mode="r", shape=(len(ds), *ds.sample_shape))
+    labels = ds.labels
+    done, t0 = 0, time.perf_counter()
+    for a in range(0, budget, b):
+        if order is None:
+            xb, yb = np.array(x[a : a + b]), labels[a : a + b]
+        else:
+            idx = order[a : a + b]
+            xb, yb = np.take(x, idx, axis=0), labels[idx]
+        xt, yt = torch.from_numpy(np.asarray(xb)), torch.from_numpy(yb)
+        done += len(xt) + 0 * len(yt)
+    dt = time.perf_counter() - t0
+    del x
+    return done / dt
+
+
+class BatchH5(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """One whole batch per __getitem__ from h5py: indices sorted, one fancy read per shard."""
+
+    def __init__(self, ds: ShardedDataset) -> None:
+        self.files = [str(ds.root / s.file) for s in ds.manifest.shards]
+        self.starts = np.cumsum([0] + [s.num_samples for s in ds.manifest.shards])
+        self.handles: list[h5py.File] | None = None
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, batch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.handles is None:  # opened in the process that reads (each worker)
+            self.handles = [h5py.File(f, "r") for f in self.files]
+        idx = np.sort(np.asarray(batch, dtype=np.int64))
+        shard = np.searchsorted(self.starts, idx, side="right") - 1
+        xs, ys = [], []
+        for s in np.unique(shard).tolist():
+            local = idx[shard == s] - int(self.starts[s])
+            xs.append(self.handles[s]["x"][local])
+            ys.append(self.handles[s]["y"][local])
+        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+
+def bench_torch_h5py(
+    ds: ShardedDataset, order: np.ndarray, b: int, workers: int, seconds: float
+) -> float:
+    """Samples/s of a torch DataLoader over :class:`BatchH5`, batches of ``order``, timed from
+    the first batch (worker start excluded)."""
+    sampler = torch.utils.data.BatchSampler(order.tolist(), b, drop_last=False)
+    dl = torch.utils.data.DataLoader(BatchH5(ds), sampler=sampler, batch_size=None,
+                                     num_workers=workers)
+    it = iter(dl)
+    next(it)
+    done, t0 = 0, time.perf_counter()
+    for x, _ in it:
+        done += len(x)
+        if time.perf_counter() - t0 > seconds:
+            break
+    rate = done / (time.perf_counter() - t0)
+    del it
+    return rate
 
 
 def contiguous(
@@ -193,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if args.quick:
         args.read_mb, args.naive_seconds = min(args.read_mb, 128.0), min(args.naive_seconds, 3.0)
+        args.torch_seconds = min(args.torch_seconds, 1.5)
         args.rounds = min(args.rounds, 2)
     sample_bytes = 4 * args.sample_floats
     n = int(np.ceil(args.gigabytes * 1e9 / sample_bytes))
@@ -201,39 +302,63 @@ def main(argv: list[str] | None = None) -> int:
     ds = open_dataset(args.path)  # as users open it: sha256-verified, raw chunk reads
     print(f"open_dataset with its sha256 check: {time.perf_counter() - t0:.2f} s", flush=True)
     size = sum(s.num_bytes for s in ds.manifest.shards)
+    flat = ensure_flat(ds)
     print(f"dataset: {len(ds)} samples, {size / 1e9:.2f} GB, chunk {ds.chunk_samples} samples, "
           f"{len(ds.manifest.shards)} shards; warming the page cache", flush=True)
-    warm(ds)
+    warm(ds, flat)
     budget = int(args.read_mb * 1e6 / sample_bytes)
     t0 = time.perf_counter()
-    block_shuffle(np.arange(len(ds)), chunk=ds.chunk_samples, window=16, seed=0, epoch=0)
+    order = epoch_order(ds)
     print(f"epoch order (once per epoch): {time.perf_counter() - t0:.3f} s", flush=True)
-    rows, spread = {}, {}
+    rows, spread, spread_raw = {}, {}, {}
+    methods: dict[str, Callable[[int], float]] = {
+        "raw": lambda b: bench_raw(ds, b, budget),
+        "loader": lambda b: bench_loader(ds, b, budget, prefetch="auto"),
+        "memmap_shuffled": lambda b: bench_memmap(ds, flat, order, b, budget),
+        "memmap_contiguous": lambda b: bench_memmap(ds, flat, None, b, budget),
+        "loader_prefetch": lambda b: bench_loader(ds, b, budget, prefetch=True),
+        "loader_checked": lambda b: bench_loader(checked, b, budget, prefetch="auto"),
+        "raw_chunks": lambda b: bench_raw_chunks(ds, b, budget),
+        "torch_h5py_0w": lambda b: bench_torch_h5py(ds, order, b, 0, args.torch_seconds),
+        "torch_h5py_2w": lambda b: bench_torch_h5py(ds, order, b, 2, args.torch_seconds),
+    }
     for b in args.batch_sizes:
-        runs: dict[str, list[float]] = {k: [] for k in
-                                         ("raw", "loader", "loader_prefetch", "loader_checked",
-                                          "raw_chunks")}
+        runs: dict[str, list[float]] = {k: [] for k in methods}
         for _ in range(max(1, args.rounds)):
-            runs["raw"].append(bench_raw(ds, b, budget))
-            runs["loader"].append(bench_loader(ds, b, budget, prefetch="auto"))
-            runs["loader_prefetch"].append(bench_loader(ds, b, budget, prefetch=True))
-            runs["loader_checked"].append(bench_loader(checked, b, budget, prefetch="auto"))
-            runs["raw_chunks"].append(bench_raw_chunks(ds, b, budget))
+            for k, f in methods.items():
+                runs[k].append(f(b))
             print(f"  batch {b:>5} round: " + "  ".join(
                 f"{k} {v[-1]:>9.0f}/s" for k, v in runs.items()), flush=True)
         rows[b] = {k: max(v) for k, v in runs.items()}
         rows[b]["naive"] = naive = bench_naive(ds, b, args.naive_seconds)
-        load, raw = rows[b]["loader"], rows[b]["raw"]
-        spread[b] = [round(f / r, 3) for f, r in zip(runs["loader"], runs["raw"], strict=True)]
-        print(f"batch {b:>5}: " + "  ".join(f"{k} {v:>9.0f}/s" for k, v in rows[b].items())
-              + f"  loader/raw {load / raw:.2f} (rounds {spread[b]})  loader_checked/raw "
-              f"{rows[b]['loader_checked'] / raw:.2f}  loader/raw_chunks "
-              f"{load / rows[b]['raw_chunks']:.2f}  loader/naive {load / naive:.0f}x", flush=True)
+        r = rows[b]
+        load, raw, lim = r["loader"], r["raw"], r["memmap_shuffled"]
+        spread[b] = [round(f / m, 3) for f, m in
+                     zip(runs["loader"], runs["memmap_shuffled"], strict=True)]
+        spread_raw[b] = [round(f / m, 3) for f, m in zip(runs["loader"], runs["raw"], strict=True)]
+        print(f"batch {b:>5}: " + "  ".join(f"{k} {v:>9.0f}/s" for k, v in r.items())
+              + f"  loader/memmap_shuffled {load / lim:.2f} (rounds {spread[b]})  "
+              f"loader/memmap_contiguous {load / r['memmap_contiguous']:.2f}  loader/raw "
+              f"{load / raw:.2f}  loader/torch_h5py_2w {load / r['torch_h5py_2w']:.0f}x  "
+              f"loader_checked/raw {r['loader_checked'] / raw:.2f}  loader/naive "
+              f"{load / naive:.0f}x", flush=True)
     big = rows[max(args.batch_sizes)]
     print(json.dumps({
         "dataset_gb": round(size / 1e9, 3),
         "batch_size": max(args.batch_sizes),
         "loader_samples_per_s": round(big["loader"]),
+        "memmap_shuffled_samples_per_s": round(big["memmap_shuffled"]),
+        "memmap_contiguous_samples_per_s": round(big["memmap_contiguous"]),
+        "torch_h5py_0w_samples_per_s": round(big["torch_h5py_0w"]),
+        "torch_h5py_2w_samples_per_s": round(big["torch_h5py_2w"]),
+        "loader_vs_memmap_shuffled": round(big["loader"] / big["memmap_shuffled"], 3),
+        "loader_vs_memmap_contiguous": round(big["loader"] / big["memmap_contiguous"], 3),
+        "loader_vs_torch_h5py_0w": round(big["loader"] / big["torch_h5py_0w"], 1),
+        "loader_vs_torch_h5py_2w": round(big["loader"] / big["torch_h5py_2w"], 1),
+        "goal_vs_memmap_shuffled": 0.9,
+        "vs_memmap_shuffled_by_batch": {
+            str(b): round(r["loader"] / r["memmap_shuffled"], 3) for b, r in rows.items()},
+        "vs_memmap_shuffled_each_round": {str(b): v for b, v in spread.items()},
         "loader_prefetch_forced_samples_per_s": round(big["loader_prefetch"]),
         "loader_checked_samples_per_s": round(big["loader_checked"]),
         "raw_samples_per_s": round(big["raw"]),
@@ -247,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_vs_naive": 10,
         "by_batch": {str(b): {k: round(v) for k, v in r.items()} for b, r in rows.items()},
         "vs_raw_by_batch": {str(b): round(r["loader"] / r["raw"], 3) for b, r in rows.items()},
-        "vs_raw_each_round": {str(b): v for b, v in spread.items()},
+        "vs_raw_each_round": {str(b): v for b, v in spread_raw.items()},
         "rounds": args.rounds,
         "quick": args.quick,
     }))

@@ -1,9 +1,14 @@
-"""ShardedDataset.read against numpy indexing: whole-chunk runs, cached gathers, any order."""
+"""ShardedDataset.read against numpy indexing: whole-chunk runs, cached and mapped gathers."""
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
@@ -169,3 +174,65 @@ def test_open_dataset_shared_in_one_process_hashes_everything(
     np.testing.assert_array_equal(ds.read_window(np.arange(N))[0], x)
     with pytest.raises(DatasetError, match="not a dataset directory"):
         open_dataset_shared(tmp_path)
+
+
+def _read_in_child(ds: ShardedDataset, idx: np.ndarray, q: Any) -> None:
+    q.put(ds.read_window(idx)[0])
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_direct_reads_only_for_verified_uncompressed_shards(
+    tmp_path: Path, compression: str | None
+) -> None:
+    x = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    path = tmp_path / "ds"
+    write_dataset(path, [(x, np.zeros(40, dtype=np.int64))], num_classes=1, chunk_samples=8,
+                  shard_samples=16, compression=compression)
+    assert not open_dataset(path, verify=False).direct_reads
+    ds = open_dataset(path)
+    assert ds.direct_reads == (compression is None)
+    idx = np.random.default_rng(0).permutation(40)
+    np.testing.assert_array_equal(ds.read_window(idx)[0], x[idx])
+    assert (ds._region is not None) == (compression is None)
+
+
+def test_direct_reads_after_fork_pickle_and_close_and_from_threads(
+    data: tuple[Path, np.ndarray, np.ndarray],
+) -> None:
+    path, x, _ = data
+    ds = open_dataset(path)
+    idx = np.random.default_rng(5).permutation(N)
+    np.testing.assert_array_equal(ds.read_window(idx)[0], x[idx])  # mapped in this process
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(ds, idx[::-1], q))  # inherits the mapping
+    child.start()
+    np.testing.assert_array_equal(q.get(timeout=60), x[idx[::-1]])
+    child.join(60)
+    assert child.exitcode == 0
+    clone = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(clone.read(idx)[0], x[idx])
+    ds.close()
+    np.testing.assert_array_equal(ds.read(idx[:50])[0], x[idx[:50]])  # maps again
+
+    def work(seed: int) -> bool:
+        rng = np.random.default_rng(seed)
+        for _ in range(50):
+            i = rng.integers(0, N, 64)
+            if not np.array_equal(ds.read_window(i)[0], x[i]):
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(work, range(8)))
+
+
+def test_large_chunks_start_on_page_boundaries(tmp_path: Path) -> None:
+    x = np.zeros((64, 1024), dtype=np.float32)  # 4 KiB samples, 64 KiB chunks of 16
+    path = tmp_path / "ds"
+    write_dataset(path, [(x, np.zeros(64, dtype=np.int64))], num_classes=1, chunk_samples=16)
+    ds = open_dataset(path)
+    with h5py.File(path / ds.manifest.shards[0].file) as f:
+        offsets: list[int] = []
+        f["x"].id.chunk_iter(lambda info: offsets.append(info.byte_offset))
+    assert len(offsets) == 4 and all(o % 4096 == 0 for o in offsets)

@@ -60,10 +60,13 @@ class Loader:
 
     Permutations are chunk-aware (:func:`~hethpc.data.order.block_shuffle`) for a
     :class:`ShardedDataset` and uniform for an in-memory :class:`ArrayDataset`. A sharded
-    dataset is read one shuffle window at a time (each chunk once per epoch, laid out in
-    stream order; the last three windows are kept), and batches come in stream order as
-    slices of it, sharing its memory (never served twice). In-memory batches are gathered
-    in storage (index) order; which samples form each batch follows the permutation.
+    dataset whose reads are direct (:attr:`ShardedDataset.direct_reads`: verified shards,
+    uncompressed) is read a batch at a time, gathered in stream order straight from the page
+    cache by one copy, like ``numpy.memmap``; otherwise it is read one shuffle window at a
+    time through HDF5 (each chunk once per epoch, laid out in stream order; the last three
+    windows are kept), and batches come in stream order as slices of it, sharing its memory
+    (never served twice). In-memory batches are gathered in storage (index) order; which
+    samples form each batch follows the permutation.
 
     Args:
         dataset: an :class:`ArrayDataset` or a :class:`ShardedDataset`.
@@ -131,6 +134,7 @@ class Loader:
             OrderedDict()
         )
         self._windows_lock = threading.Lock()
+        self._direct: bool | None = None  # the dataset's direct_reads, asked on the first read
         self.prefetch = prefetch
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="hethpc-prefetch") if prefetch else None
@@ -186,6 +190,8 @@ class Loader:
             out.append(self._order(e)[0][off : off + take])
             start += take
             count -= take
+        if len(out) == 1:
+            return out[0]
         return np.concatenate(out) if out else np.empty(0, np.int64)
 
     def _request(self, sizes: np.ndarray) -> tuple[int, int, int]:
@@ -214,7 +220,12 @@ class Loader:
 
     def _read(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.dataset, ShardedDataset):
-            x, y = self._read_windows(start, count)
+            if self._direct is None:
+                self._direct = self.dataset.direct_reads
+            if self._direct:  # one gather from the page cache: a window would add a copy
+                x, y = self.dataset.read_window(self._stream(start, count))
+            else:
+                x, y = self._read_windows(start, count)
         else:
             # In memory: rows gathered in storage order (kinder to the CPU cache); which
             # samples form the batch follows the permutation, their order inside it does not

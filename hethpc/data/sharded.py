@@ -14,6 +14,7 @@ from h5py import h5s, h5z
 
 from hethpc.data.errors import DatasetError, ShardError
 from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_path
+from hethpc.data.mapped import FileRegion
 from hethpc.data.writer import sha256_file
 
 SHARD_SUFFIXES = (".h5", ".hdf5")
@@ -28,11 +29,15 @@ class ShardedDataset:
     process that reads and reopened after a fork (h5py handles do not survive one), so the
     object may be built before workers are started and pickled to them.
 
-    Without ``chunk_checksums``, chunks stored uncompressed are read as raw bytes
-    (``read_direct_chunk``), skipping HDF5's filter pipeline and its per-chunk Fletcher32 test,
-    at about a third of the CPU time per chunk. :func:`open_dataset` turns this on only after it has
-    checked every shard's sha256, which covers every byte the Fletcher32 tests would.
-    Compressed chunks always go through HDF5.
+    Without ``chunk_checksums``, chunks stored uncompressed are read as raw bytes, skipping
+    HDF5's filter pipeline and its per-chunk Fletcher32 test: the shard files are mapped
+    read-only side by side into one address range (:class:`~hethpc.data.mapped.FileRegion`),
+    HDF5's chunk index gives each chunk's place in its file, and :meth:`read` and
+    :meth:`read_window` gather the requested samples, in request order, straight from the page
+    cache into the result: one copy of each byte, as ``numpy.memmap`` of a flat file, and no
+    chunk cache. :func:`open_dataset` turns this on only after it has checked every shard's
+    sha256, which covers every byte the Fletcher32 tests would. Compressed chunks always go
+    through HDF5, and so does every read where the files cannot be mapped (no ``MAP_FIXED``).
 
     Attributes:
         root: the dataset directory.
@@ -63,7 +68,20 @@ class ShardedDataset:
         self._chunk = manifest.chunk_samples
         self._sizes = counts
         self._sample_size = int(np.prod(manifest.sample_shape))
-        chunk_bytes = self._chunk * self._sample_size * self.dtype.itemsize
+        self._dtype = self.dtype
+        self._row_bytes = self._sample_size * self._dtype.itemsize
+        chunk_bytes = self._chunk * self._row_bytes
+        # Every chunk, numbered across shards: its shard and its first sample's global index.
+        nchunks = -(-counts // self._chunk)
+        self._chunk_base = np.concatenate([[0], np.cumsum(nchunks)]).astype(np.int64)
+        self._chunk_shard = np.repeat(np.arange(len(counts), dtype=np.int64), nchunks)
+        self._chunk_first = (
+            self._starts[self._chunk_shard]
+            + (np.arange(len(self._chunk_shard)) - self._chunk_base[self._chunk_shard])
+            * self._chunk
+        )
+        # Every shard but the last holds whole chunks: chunk ``i`` starts at sample ``i * chunk``.
+        self._even_chunks = bool((counts[:-1] % self._chunk == 0).all())
         self._nslots = max(1, self.cache_bytes // max(1, chunk_bytes))
         self._reset()
 
@@ -78,14 +96,16 @@ class ShardedDataset:
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._free = list(range(self._nslots))[::-1]
         self._buffer: np.ndarray | None = None  # one chunk, for read_window
-        self._raw: dict[int, bool] = {}  # shard -> its chunks may be read as raw bytes
-        self._raw_buffer: np.ndarray | None = None  # one stored chunk's bytes
+        self._raw: dict[int, bool] = {}  # shard -> its chunks are read raw from its mapped file
+        self._region: FileRegion | None = None  # the shard files, mapped on demand
+        # Each chunk's first sample's byte offset in the region; -1: its shard is not mapped.
+        self._chunk_at = np.full(len(self._chunk_shard), -1, dtype=np.int64)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         for k in ("_files", "_x", "_spaces", "_mspaces", "_slab", "_cache", "_lock", "_pid",
-                  "_free", "_buffer", "_raw", "_raw_buffer"):
+                  "_free", "_buffer", "_raw", "_region", "_chunk_at"):
             d.pop(k, None)
         return d
 
@@ -116,6 +136,22 @@ class ShardedDataset:
         """Samples per HDF5 chunk: reads of nearby indices share chunks."""
         return self._chunk
 
+    @property
+    def direct_reads(self) -> bool:
+        """Whether reads gather samples straight from the mapped shard files (one copy, in any
+        order, no chunk read twice to gain): checksums are off and every shard's chunks are
+        raw. The first call maps every shard."""
+        if self.chunk_checksums:
+            return False
+        if os.getpid() != self._pid:
+            self._reset()
+        with self._lock:
+            return all([self._raw_chunks(s) for s in range(len(self._paths))])
+
+    def _shape(self, m: int) -> tuple[int, ...]:
+        """The shape of ``m`` samples."""
+        return (m, *self.manifest.sample_shape)
+
     def _file(self, shard: int) -> h5py.File:
         if os.getpid() != self._pid:
             self._reset()  # forked: the parent's handles are not usable here
@@ -139,9 +175,9 @@ class ShardedDataset:
         return x
 
     def _raw_chunks(self, shard: int) -> bool:
-        """Whether ``shard``'s chunks may be read as raw bytes: checksums are off and HDF5
-        stores them unchanged (no filter but Fletcher32, whose 4 bytes follow the data),
-        chunked one whole sample at a time."""
+        """Whether ``shard``'s chunks are read as raw bytes from its mapped file: checksums are
+        off, HDF5 stores them unchanged (no filter but Fletcher32, whose 4 bytes follow the
+        data), chunked one whole sample at a time, and the file could be mapped."""
         ok = self._raw.get(shard)
         if ok is None:
             x = self._dataset_x(shard)
@@ -149,28 +185,80 @@ class ShardedDataset:
             if ok:
                 plist = x.id.get_create_plist()
                 filters = {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
-                ok = filters <= {h5z.FILTER_FLETCHER32}
+                ok = filters <= {h5z.FILTER_FLETCHER32} and self._map_shard(shard, x)
             self._raw[shard] = ok
         return ok
 
+    def _map_shard(self, shard: int, x: h5py.Dataset) -> bool:
+        """Map ``shard``'s file and note where its chunks lie; False (HDF5 reads it) when a
+        chunk is missing or not stored as plain bytes, or the file cannot be mapped."""
+        chunk_bytes = self._chunk * self._row_bytes
+        first = self._chunk_base[shard]
+        nchunks = int(self._chunk_base[shard + 1] - first)
+        where = np.full(nchunks, -1, dtype=np.int64)
+        size = self.manifest.shards[shard].num_bytes
+
+        def note(info: Any) -> None:
+            c, rest = divmod(int(info.chunk_offset[0]), self._chunk)
+            off = int(info.byte_offset)
+            if (not rest and c < nchunks and info.size in (chunk_bytes, chunk_bytes + 4)
+                    and 0 <= off and off + chunk_bytes <= size):
+                where[c] = off  # Fletcher32's 4 bytes, if any, follow the data
+
+        try:
+            if hasattr(x.id, "chunk_iter"):
+                x.id.chunk_iter(note)
+            else:  # older HDF5: one lookup per chunk
+                for i in range(x.id.get_num_chunks()):
+                    note(x.id.get_chunk_info(i))
+            if nchunks and where.min() < 0:
+                return False
+            if self._region is None:
+                self._region = FileRegion([s.num_bytes for s in self.manifest.shards])
+            self._region.map(shard, self._paths[shard])
+        except (OSError, ValueError, KeyError, RuntimeError):
+            return False
+        self._chunk_at[first : first + nchunks] = where + self._region.starts[shard]
+        return True
+
+    def _mapped_rows(self, shard: int, a: int, b: int) -> np.ndarray:
+        """Samples ``a .. b-1`` of a raw ``shard``, all in one chunk: a read-only view of its
+        mapped file."""
+        c = a // self._chunk
+        at = int(self._chunk_at[self._chunk_base[shard] + c]) + (a - c * self._chunk) * (
+            self._row_bytes
+        )
+        assert self._region is not None
+        rows = self._region.data[at : at + (b - a) * self._row_bytes]
+        return rows.view(self.dtype).reshape(b - a, *self.sample_shape)
+
+    def _read_mapped(self, idx: np.ndarray) -> np.ndarray | None:
+        """Samples at ``idx`` (checked; any order, repeats allowed), gathered in that order
+        straight from the mapped files by one copy; None when a shard they lie in is not raw.
+        Call with the lock held."""
+        if self.chunk_checksums or not len(idx):
+            return None
+        if self._even_chunks:
+            gc = idx // self._chunk
+        else:
+            gc = np.searchsorted(self._chunk_first, idx, side="right") - 1
+        at = self._chunk_at[gc]
+        if at.min() < 0:  # a shard not mapped yet, or not raw
+            for s in np.unique(self._chunk_shard[gc[at < 0]]).tolist():
+                if not self._raw_chunks(s):
+                    return None
+            at = self._chunk_at[gc]
+        assert self._region is not None
+        at += (idx - self._chunk_first[gc]) * self._row_bytes
+        rows = self._region.rows(self._row_bytes)[at]
+        return rows.view(self._dtype).reshape(self._shape(len(idx)))
+
     def _chunk_rows(self, shard: int, a: int, b: int, buf: np.ndarray) -> np.ndarray:
         """Samples ``a .. b-1`` of ``shard``, all in one chunk, as an array valid until the
-        next call: a view of the chunk's raw bytes when :meth:`_raw_chunks` allows, else
+        next call: a view of its mapped file when :meth:`_raw_chunks` allows, else
         ``buf[: b - a]`` filled by HDF5."""
         if self._raw_chunks(shard):
-            c0 = a - a % self._chunk
-            if self._raw_buffer is None:
-                nbytes = self._chunk * self._sample_size * self.dtype.itemsize
-                self._raw_buffer = np.empty(nbytes + 64, np.uint8)  # and Fletcher32's 4 bytes
-            try:
-                _, raw = self._dataset_x(shard).id.read_direct_chunk(
-                    (c0, *(0 for _ in self.sample_shape)), out=self._raw_buffer
-                )
-                rows = np.frombuffer(raw, self.dtype, count=self._chunk * self._sample_size)
-            except (OSError, ValueError, KeyError):
-                self._raw[shard] = False  # e.g. a chunk never written: let HDF5 fill it
-            else:
-                return rows.reshape(self._chunk, *self.sample_shape)[a - c0 : b - c0]
+            return self._mapped_rows(shard, a, b)
         self._read_into(shard, a, b, buf[: b - a])
         return buf[: b - a]
 
@@ -311,9 +399,10 @@ class ShardedDataset:
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order.
 
-        Chunks are visited in ascending file order, each read once: whole chunks covered by
-        the request go straight from the file into the result, partly used ones through the
-        chunk cache.
+        From mapped files (raw chunks, see the class), samples are gathered in request order
+        by one copy. Otherwise chunks are visited in ascending file order, each read once:
+        whole chunks covered by the request go straight from the file into the result, partly
+        used ones through the chunk cache.
 
         Args:
             indices: global sample indices, shape ``[k]``.
@@ -325,40 +414,44 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
-        idx, pos, shard, local = self._locate(indices)
+        idx = self._check(indices)
         with self._lock:
-            out = self._gather(pos, shard, local)
+            out = self._read_mapped(idx)
+            if out is None:
+                out = self._gather(*self._sorted(idx))
         return out, self.labels[idx]
 
-    def _locate(
-        self, indices: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
-        """Checked ``indices``, the permutation sorting them (None: already sorted), and the
-        sorted indices' shards and rows in them; reopens handles in a forked process."""
+    def _check(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` as checked int64 indices; reopens handles in a forked process."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"indices must lie in 0..{n - 1}, got {idx.min()}..{idx.max()}")
+        if os.getpid() != self._pid:
+            self._reset()  # forked: the parent's handles, cache and lock are not usable here
+        return idx
+
+    def _sorted(self, idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """The permutation sorting ``idx`` (None: already sorted), and the sorted indices'
+        shards and rows in them."""
         pos = None
         sidx = idx
         if len(idx) > 1 and not bool((np.diff(idx) >= 0).all()):
             pos = np.argsort(idx, kind="stable")
             sidx = idx[pos]
         shard = np.searchsorted(self._starts, sidx, side="right") - 1
-        local = sidx - self._starts[shard]
-        if os.getpid() != self._pid:
-            self._reset()  # forked: the parent's handles, cache and lock are not usable here
-        return idx, pos, shard, local
+        return pos, shard, sidx - self._starts[shard]
 
     def read_window(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``indices``, in that order, for a request spanning many chunks.
 
-        Each touched chunk is read once (from its first to its last requested row) into one
-        small reusable buffer (or as raw bytes, see the class), and its rows are scattered into
-        the result: each sample is copied once, out of a buffer that stays in the CPU cache.
-        The chunk cache is neither used nor filled. Meant for reads of whole shuffle windows
-        (the loader's); for scattered small requests that revisit chunks, :meth:`read` and its
-        cache read less.
+        From mapped files (raw chunks, see the class), samples are gathered in request order
+        by one copy, as in :meth:`read`. Otherwise each touched chunk is read once (from its
+        first to its last requested row) into one small reusable buffer, and its rows are
+        scattered into the result: each sample is copied once, out of a buffer that stays in
+        the CPU cache. The chunk cache is neither used nor filled. Meant for reads of whole
+        shuffle windows (the loader's); for scattered small requests that revisit chunks,
+        :meth:`read` and its cache read less.
 
         Args:
             indices: global sample indices, shape ``[k]`` (any order, repeats allowed).
@@ -370,25 +463,33 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
-        idx, pos, shard, local = self._locate(indices)
+        idx = self._check(indices)
+        with self._lock:
+            out = self._read_mapped(idx)
+            if out is None:
+                out = self._read_chunks(idx)
+        return out, self.labels[idx]
+
+    def _read_chunks(self, idx: np.ndarray) -> np.ndarray:
+        """:meth:`read_window` by whole chunks through one buffer; call with the lock held."""
+        pos, shard, local = self._sorted(idx)
         out = np.empty((len(idx), *self.sample_shape), dtype=self.dtype)
         if not len(idx):
-            return out, self.labels[idx]
+            return out
         key = (shard << 32) | (local // self._chunk)
         gstart = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         gend = np.r_[gstart[1:], len(idx)]
-        with self._lock:
-            if self._buffer is None:
-                self._buffer = np.empty((self._chunk, *self.sample_shape), self.dtype)
-            for g0, g1 in zip(gstart.tolist(), gend.tolist(), strict=True):
-                lo, hi = int(local[g0]), int(local[g1 - 1]) + 1
-                src = self._chunk_rows(int(shard[g0]), lo, hi, self._buffer)
-                rows = slice(g0, g1) if pos is None else pos[g0:g1]
-                if hi - lo == g1 - g0:  # every row of lo..hi-1 once: no gather needed
-                    out[rows] = src
-                else:
-                    out[rows] = src[local[g0:g1] - lo]
-        return out, self.labels[idx]
+        if self._buffer is None:
+            self._buffer = np.empty((self._chunk, *self.sample_shape), self.dtype)
+        for g0, g1 in zip(gstart.tolist(), gend.tolist(), strict=True):
+            lo, hi = int(local[g0]), int(local[g1 - 1]) + 1
+            src = self._chunk_rows(int(shard[g0]), lo, hi, self._buffer)
+            rows = slice(g0, g1) if pos is None else pos[g0:g1]
+            if hi - lo == g1 - g0:  # every row of lo..hi-1 once: no gather needed
+                out[rows] = src
+            else:
+                out[rows] = src[local[g0:g1] - lo]
+        return out
 
     def close(self) -> None:
         """Close open files and drop cached chunks (they reopen on the next read)."""
@@ -402,7 +503,8 @@ class ShardedDataset:
             self._slab = None
             self._buffer = None
             self._raw.clear()
-            self._raw_buffer = None
+            self._region = None
+            self._chunk_at[:] = -1
             self._free = list(range(self._nslots))[::-1]
 
 
