@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated, from {', '.join(METHODS)} (skew-only methods are "
                    "skipped on IID data)")  # fmt: skip
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80 % train)")
+    p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80 %% train)")
     p.add_argument("--plots", default="", help="write one PNG per scenario into this directory")
     p.add_argument("--tables", default="", help="also write the markdown tables to this file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -33,3 +33,20 @@ def test_a_user_error_through_a_console_script_is_one_line(tmp_path: Path) -> No
                           text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "did you mean --epochs?" in proc.stderr and "Traceback" not in proc.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = sorted(
+    p.relative_to(ROOT).as_posix()
+    for d in ("benchmarks", "jobs", "data_tools")
+    for p in (ROOT / d).glob("*.py")
+    if not p.name.startswith("_")
+)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_program_prints_its_help(program: str) -> None:
+    # A stray '%' in an argparse help string only fails when someone asks for --help.
+    proc = subprocess.run([sys.executable, str(ROOT / program), "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stdout + proc.stderr
