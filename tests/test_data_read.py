@@ -193,7 +193,7 @@ def test_direct_reads_only_for_verified_uncompressed_shards(
     assert ds.direct_reads == (compression is None)
     idx = np.random.default_rng(0).permutation(40)
     np.testing.assert_array_equal(ds.read_window(idx)[0], x[idx])
-    assert (ds._region is not None) == (compression is None)
+    assert (ds._mapped.region is not None) == (compression is None)
 
 
 def test_direct_reads_after_fork_pickle_and_close_and_from_threads(

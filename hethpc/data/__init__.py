@@ -24,7 +24,8 @@ from hethpc.data.sharded import ShardedDataset, open_dataset
 from hethpc.data.shared import open_dataset_shared, split_shards
 from hethpc.data.sources import SourceError
 from hethpc.data.transform import to_inputs, to_targets
-from hethpc.data.writer import DatasetWriter, sha256_file, write_dataset
+from hethpc.data.verify import sha256_file
+from hethpc.data.writer import DatasetWriter, write_dataset
 
 __all__ = [
     "PARTITIONERS",

@@ -1,4 +1,4 @@
-"""Files mapped side by side into one address range, so one gather copies rows from many files."""
+"""Shard files mapped side by side into one address range: one gather copies rows from many."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 import mmap
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +96,97 @@ class FileRegion:
             got = as_strided(self.data, shape=(n, row_bytes), strides=(1, 1), writeable=False)
             self._rows[row_bytes] = got
         return got
+
+
+class MappedShards:
+    """Where each chunk of a dataset's shards lies once their files are mapped into one
+    :class:`FileRegion`, and gathers of samples from there.
+
+    Chunks are numbered across shards in storage order; a shard's chunks are noted when its
+    file is mapped (:meth:`map`), after checking that HDF5 stores every one as plain bytes.
+
+    Args:
+        counts: samples in each shard.
+        chunk: samples per chunk.
+        file_sizes: each shard file's size in bytes.
+        sample_shape: shape of one sample.
+        dtype: dtype of the samples.
+    """
+
+    def __init__(
+        self, counts: np.ndarray, chunk: int, file_sizes: Sequence[int],
+        sample_shape: tuple[int, ...], dtype: np.dtype[Any],
+    ) -> None:
+        self.chunk, self.file_sizes = int(chunk), list(file_sizes)
+        self.sample_shape, self.dtype = sample_shape, dtype
+        self.row_bytes = int(np.prod(sample_shape)) * dtype.itemsize
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        nchunks = -(-np.asarray(counts, dtype=np.int64) // self.chunk)
+        self.base = np.concatenate([[0], np.cumsum(nchunks)]).astype(np.int64)
+        self.shard_of = np.repeat(np.arange(len(nchunks), dtype=np.int64), nchunks)
+        self.first = starts[self.shard_of] + (
+            np.arange(len(self.shard_of)) - self.base[self.shard_of]) * self.chunk
+        # Every shard but the last holds whole chunks: chunk ``i`` starts at sample ``i * chunk``.
+        self.even = bool((np.asarray(counts)[:-1] % self.chunk == 0).all())
+        self.region: FileRegion | None = None
+        self.at = np.full(len(self.shard_of), -1, dtype=np.int64)  # -1: shard not mapped
+
+    def map(self, shard: int, x: Any, path: str | os.PathLike[str]) -> bool:
+        """Map ``shard``'s file, whose HDF5 dataset of samples is ``x``, and note where its
+        chunks lie. False (leave it to HDF5) when a chunk is missing or not stored as plain
+        bytes, or the file cannot be mapped."""
+        chunk_bytes = self.chunk * self.row_bytes
+        first = int(self.base[shard])
+        nchunks = int(self.base[shard + 1]) - first
+        where = np.full(nchunks, -1, dtype=np.int64)
+        size = self.file_sizes[shard]
+
+        def note(info: Any) -> None:
+            c, rest = divmod(int(info.chunk_offset[0]), self.chunk)
+            off = int(info.byte_offset)
+            if (not rest and c < nchunks and info.size in (chunk_bytes, chunk_bytes + 4)
+                    and 0 <= off and off + chunk_bytes <= size):
+                where[c] = off  # Fletcher32's 4 bytes, if any, follow the data
+
+        try:
+            if hasattr(x.id, "chunk_iter"):
+                x.id.chunk_iter(note)
+            else:  # older HDF5: one lookup per chunk
+                for i in range(x.id.get_num_chunks()):
+                    note(x.id.get_chunk_info(i))
+            if nchunks and where.min() < 0:
+                return False
+            if self.region is None:
+                self.region = FileRegion(self.file_sizes)
+            self.region.map(shard, path)
+        except (OSError, ValueError, KeyError, RuntimeError):
+            return False
+        self.at[first : first + nchunks] = where + self.region.starts[shard]
+        return True
+
+    def rows(self, shard: int, a: int, b: int) -> np.ndarray:
+        """Samples ``a .. b-1`` of a mapped ``shard``, all in one chunk: a read-only view."""
+        c = a // self.chunk
+        at = int(self.at[self.base[shard] + c]) + (a - c * self.chunk) * self.row_bytes
+        assert self.region is not None
+        rows = self.region.data[at : at + (b - a) * self.row_bytes]
+        return rows.view(self.dtype).reshape(b - a, *self.sample_shape)
+
+    def gather(self, idx: np.ndarray, map_shard: Callable[[int], bool]) -> np.ndarray | None:
+        """Samples at global indices ``idx`` (checked, non-empty; any order, repeats allowed),
+        copied in that order from the mapped files by one gather. Shards not mapped yet are
+        offered to ``map_shard``; None when it declines one."""
+        if self.even:
+            gc = idx // self.chunk
+        else:
+            gc = np.searchsorted(self.first, idx, side="right") - 1
+        at = self.at[gc]
+        if at.min() < 0:  # a shard not mapped yet, or not raw
+            for s in np.unique(self.shard_of[gc[at < 0]]).tolist():
+                if not map_shard(s):
+                    return None
+            at = self.at[gc]
+        assert self.region is not None
+        at += (idx - self.first[gc]) * self.row_bytes
+        rows = self.region.rows(self.row_bytes)[at]
+        return rows.view(self.dtype).reshape(len(idx), *self.sample_shape)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ import numpy as np
 
 from hethpc.data.errors import DatasetError
 from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from hethpc.data.verify import sha256_file
 
 COMPRESSIONS = (None, "gzip", "lzf")
 CHUNK_BYTES = 1 << 20  # default HDF5 chunk: about 1 MiB of samples
@@ -25,15 +25,6 @@ CHUNK_BYTES = 1 << 20  # default HDF5 chunk: about 1 MiB of samples
 # of data, not two (the mapped reads of :class:`~hethpc.data.ShardedDataset`).
 PAGE_BYTES = 4096
 ALIGN_MIN_BYTES = 64 << 10
-
-
-def sha256_file(path: str | os.PathLike[str], *, block: int = 1 << 22) -> str:
-    """Hex sha256 digest of a file, read in blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class DatasetWriter:

@@ -9,7 +9,7 @@ import pytest
 
 from hethpc import comm
 from hethpc.data import DatasetError, ShardError, open_dataset_shared, write_dataset
-from hethpc.data import sharded as sharded_module
+from hethpc.data import verify as verify_module
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def test_each_shard_is_hashed_by_one_rank_and_reads_are_raw(
     root = _shared_dir(tmp_path_factory, r) / "ds"
     x = _write(root, r)
     hashed: list[str] = []
-    real = sharded_module.sha256_file
-    monkeypatch.setattr(sharded_module, "sha256_file", lambda p: hashed.append(Path(p).name)
+    real = verify_module.sha256_file
+    monkeypatch.setattr(verify_module, "sha256_file", lambda p: hashed.append(Path(p).name)
                         or real(p))
     ds = open_dataset_shared(root)
     every = comm.allgather_object(hashed)
