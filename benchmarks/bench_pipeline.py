@@ -27,6 +27,15 @@ each); ``speedup`` is the median of the rounds' own ratios, since the host's spe
 10-30 % within seconds (``speedup_each_round`` lists them; ``speedup_of_medians`` is the ratio
 of the overall medians).
 
+hethpc's rows split the layers by ``--balance``: ``time`` (default) times each layer's forward
+and backward on one micro-batch on rank 0 (as on the first stage, without the data's gradient;
+as on the others, with the input's gradient; and the loss) and broadcasts the profile, so both
+ranks cut alike, minimising the slowest stage; ``params`` balances parameter counts. The JSON
+line gives the split, the profile's predicted stage times and the bound they imply
+(``predicted_speedup_bound``: the whole model's time over the slowest stage's), and the same
+bound from the stages' measured speeds in zb (``speedup_bound_slowest_stage_zb``). The torch
+peer rows keep equal chunks. The single-rank baseline is always the whole model on one rank.
+
 Baselines: ``single_rank`` is the whole model on both ranks at once (two independent loops, the
 machine's practical ceiling is twice it); ``single_rank_alone`` is one rank while the other
 sleeps. The per-stage breakdown (forward/backward ms per micro-batch, waiting per step) gives
@@ -56,7 +65,16 @@ from _launch import relaunch, under_mpi
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import ActivationMeter, Pipeline, StepStats, bubble_fraction, split_model
+from hethpc.pipeline import (
+    ActivationMeter,
+    LayerProfile,
+    Pipeline,
+    StepStats,
+    bubble_fraction,
+    partition_by_params,
+    profile_layers,
+    split_model,
+)
 
 # torch.distributed.pipelining's schedules beside hethpc's: (class name, chunks of the model,
 # chunk indices each rank holds). Interleaved: rank r holds chunks r and r+2; V: 0,3 and 1,2.
@@ -92,6 +110,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--peers", default=",".join(PEERS),
         help=f"torch.distributed.pipelining rows, comma-separated from {', '.join(PEERS)}, or "
         "'none'",
+    )
+    p.add_argument(
+        "--balance", choices=("params", "time"), default="time",
+        help="how hethpc's rows split the layers: by measured time per layer (one micro-batch "
+        "timed on rank 0 and broadcast; counts the last stage's loss and the input gradient "
+        "that the first stage does not compute) or by parameter count",
     )
     p.add_argument(
         "--progress-interval", default="auto",
@@ -243,8 +267,18 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     # gradient only after its weights' gradients), to show what the split backward gains.
     variants = {"1f1b": ("1f1b", True), "gpipe": ("gpipe", True), "1f1b-unsplit": ("1f1b", False),
                 "zb": ("zb", True)}  # fmt: skip
+    # The split: timed on one micro-batch on rank 0 and broadcast (so both ranks cut alike),
+    # or by parameters. The profile is taken either way, for its predicted stage times.
+    rows = B // m
+    profile: LayerProfile = profile_layers(single_model, x[:rows], target=y[:rows],
+                                           loss_fn=loss_fn, repeats=5)  # fmt: skip
+    balance = profile.balance(2) if args.balance == "time" else partition_by_params(single_model, 2)
+    predicted = profile.stage_s(balance)
+    say(f"balance by {args.balance}: {list(balance)} layers per stage; predicted stage ms per "
+        f"micro-batch {[round(t * 1e3, 2) for t in predicted]}, the whole model "
+        f"{profile.whole_s * 1e3:.2f} (bound {profile.whole_s / max(predicted):.3f}x)")
     pipes = {
-        k: Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=m, schedule=s,
+        k: Pipeline(make_model(w, L), balance=balance, micro_batches=m, schedule=s,
                     stage_group=comm.world(), progress_interval=interval, split_backward=split)
         for k, (s, split) in variants.items()
     }
@@ -322,6 +356,10 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     # plus the other stage's first forward and last backward (P=2).
     (f0, b0), (f1, b1) = ((b["f_ms"], b["b_ms"]) for b in stages["1f1b"])
     bound_ms = max(f0 + m * (f1 + b1) + b0, m * (f0 + b0) + f1 + b1)
+    # No schedule beats one rank by more than the whole model's time over the slowest stage's
+    # (per micro-batch, as the stages computed in zb, the best table here).
+    single_mb_ms = single_s / m * 1e3
+    share = [(b["f_ms"] + b["b_ms"]) / single_mb_ms for b in stages["zb"]]
 
     memory: dict[str, list[float]] = {"1f1b": [], "gpipe": [], "zb": []}
     ms = [int(v) for v in args.memory_ms.split(",")]
@@ -329,7 +367,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         rows = mm * args.memory_rows
         xm, ym = x[:rows] if rows <= B else torch.randn(rows, w), torch.randn(rows, w)
         for s in memory:
-            pipe = Pipeline(make_model(w, L), balance=(2 * L, 2 * L), micro_batches=mm,
+            pipe = Pipeline(make_model(w, L), balance=balance, micro_batches=mm,
                             schedule=s, stage_group=comm.world())
             with ActivationMeter() as meter:
                 pipe.train_step(xm, ym, loss_fn)
@@ -348,6 +386,13 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         + (f", hethpc best / torch best {over_torch:.3f}" if over_torch is not None else ""))
     return {
         "stages": 2,
+        "balance_by": args.balance,
+        "balance": list(balance),
+        "predicted_stage_ms_per_micro_batch": [round(t * 1e3, 2) for t in predicted],
+        "predicted_whole_ms_per_micro_batch": round(profile.whole_s * 1e3, 2),
+        "predicted_speedup_bound": round(profile.whole_s / max(predicted), 3),
+        "stage_share_of_single_zb": [round(v, 3) for v in share],
+        "speedup_bound_slowest_stage_zb": round(1 / max(share), 3),
         "micro_batches": m,
         "batch": B,
         "progress_interval": interval,
@@ -388,7 +433,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "speedup_bound_from_stage_speeds": round(single_s * 1e3 / bound_ms, 3),
         "stage_forward_ms_per_micro_batch": [round(b["f_ms"], 2) for b in stages["1f1b"]],
         "stage_backward_ms_per_micro_batch": [round(b["b_ms"], 2) for b in stages["1f1b"]],
-        "single_ms_per_micro_batch": round(single_s / m * 1e3, 2),
+        "single_ms_per_micro_batch": round(single_mb_ms, 2),
         "stage_wait_ms_per_step": [round(b["wait_ms"], 1) for b in stages["1f1b"]],
         "stage_idle_fraction": [round(b["idle"], 4) for b in stages["1f1b"]],
         "idle_fraction": round(idle["1f1b"], 4),

@@ -8,12 +8,15 @@ from torch import nn
 
 from hethpc.pipeline import (
     BalanceError,
+    LayerProfile,
     balance_costs,
     layer_times,
     partition_by_counts,
     partition_by_params,
     partition_by_time,
+    profile_layers,
     split_model,
+    stage_costs,
 )
 
 
@@ -99,6 +102,84 @@ def test_balance_costs_errors(costs: list[float], stages: int, match: str) -> No
         balance_costs(costs, stages)
 
 
+# Layer costs as on a stage after the first (every layer computes its input's gradient), as
+# on the first stage (the data needs none), and the last stage's loss.
+@pytest.mark.parametrize(
+    ("costs", "first", "extra", "stages", "want"),
+    [
+        pytest.param([3, 3, 3], None, 0, 2, (1, 2), id="tie-earliest-cut"),
+        pytest.param([3, 3, 3], [1, 3, 3], 0, 2, (2, 1), id="first-stage-saves"),
+        pytest.param([2, 2, 2, 2], None, 3, 2, (3, 1), id="loss-on-the-last"),
+        pytest.param([2, 2, 2, 2], None, 3, 1, (4,), id="one-stage-has-the-loss"),
+        # two blocks of (Linear 3, ReLU 0.1) per half; the first Linear needs no input
+        # gradient (2); the loss 0.3: the even cut still wins, 5.2 | 6.5
+        pytest.param([3, 0.1] * 4, [2, 0.1] + [3, 0.1] * 3, 0.3, 2, (4, 4), id="bench-like"),
+        pytest.param([3, 0.1] * 4, [2, 0.1] + [3, 0.1] * 3, 3.0, 2, (5, 3), id="heavy-loss"),
+    ],
+)
+def test_balance_costs_counts_the_first_and_last_stage(
+    costs: list[float],
+    first: list[float] | None,
+    extra: float,
+    stages: int,
+    want: tuple[int, ...],
+) -> None:
+    assert balance_costs(costs, stages, first_costs=first, last_extra=extra) == want
+
+
+@pytest.mark.parametrize(
+    ("balance", "want"),
+    [
+        pytest.param((4, 4), [5.2, 6.5], id="even"),
+        pytest.param((5, 3), [8.2, 3.5], id="heavy-first"),
+        pytest.param((8,), [11.7], id="whole"),
+    ],
+)
+def test_stage_costs(balance: tuple[int, ...], want: list[float]) -> None:
+    got = stage_costs([3, 0.1] * 4, balance, first_costs=[2, 0.1] + [3, 0.1] * 3, last_extra=0.3)
+    assert got == pytest.approx(want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_balance_costs_with_first_and_last_is_optimal(seed: int) -> None:
+    import itertools
+
+    g = torch.Generator().manual_seed(seed)
+    costs = torch.randint(1, 20, (7,), generator=g).tolist()
+    first = [c - int(torch.randint(0, c + 1, (), generator=g)) for c in costs]
+    extra = float(torch.randint(0, 30, (), generator=g))
+    for stages in (1, 2, 3):
+        got = balance_costs(costs, stages, first_costs=first, last_extra=extra)
+        best = min(
+            max(stage_costs(costs, b, first_costs=first, last_extra=extra))
+            for cuts in itertools.combinations(range(1, 7), stages - 1)
+            for b in [tuple(e - s for s, e in zip((0, *cuts), (*cuts, 7), strict=True))]
+        )
+        assert max(stage_costs(costs, got, first_costs=first, last_extra=extra)) == best
+
+
+@pytest.mark.parametrize(
+    ("first", "extra", "match"),
+    [
+        pytest.param([1, 1], 0, "first_costs has 2 entries but there are 3 layers", id="length"),
+        pytest.param([1, -1, 1], 0, "non-negative", id="negative-first"),
+        pytest.param(None, -1, "last_extra -1", id="negative-loss"),
+    ],
+)
+def test_balance_costs_first_and_last_errors(
+    first: list[float] | None, extra: float, match: str
+) -> None:
+    with pytest.raises(BalanceError, match=match):
+        balance_costs([1, 1, 1], 2, first_costs=first, last_extra=extra)
+
+
+def test_layer_profile_balances_by_its_costs() -> None:
+    profile = LayerProfile((3, 0.1) * 4, (2, 0.1) + (3, 0.1) * 3, 0.3)
+    assert profile.balance(2) == (4, 4)
+    assert profile.stage_s((4, 4)) == pytest.approx([5.2, 6.5])
+    assert profile.whole_s == pytest.approx(11.7)
+
+
 def _model() -> nn.Sequential:
     # parameters per layer: 110, 0, 1100, 0, 202
     return nn.Sequential(
@@ -121,6 +202,22 @@ def test_partition_by_time_isolates_the_slow_layer() -> None:
     assert len(times) == 5 and all(t > 0 for t in times)
     assert all(p.grad is None for p in model.parameters()), "timing must not leave gradients"
     assert partition_by_time(model, 2, sample, repeats=3) == (4, 1)
+
+
+def test_profile_layers_measures_each_way_a_stage_runs_a_layer() -> None:
+    # ReLU first: up to and including the first Linear, the first stage computes no input
+    # gradient, so those two layers are timed both ways; the others once (copied).
+    model = nn.Sequential(nn.ReLU(), nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    profile = profile_layers(model, x, target=y, loss_fn=nn.functional.cross_entropy, repeats=2)
+    assert len(profile.layer_s) == len(profile.first_stage_s) == 4
+    assert all(t > 0 for t in profile.layer_s + profile.first_stage_s)
+    assert profile.first_stage_s[2:] == profile.layer_s[2:]
+    assert profile.loss_s > 0
+    assert profile.whole_s == pytest.approx(sum(profile.first_stage_s) + profile.loss_s)
+    assert all(p.grad is None for p in model.parameters()), "timing must not leave gradients"
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert profile_layers(model, x, repeats=1).loss_s == 0.0  # no loss_fn: not counted
 
 
 def test_split_model_shares_layers_in_order() -> None:

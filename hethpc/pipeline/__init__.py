@@ -7,23 +7,24 @@ from __future__ import annotations
 
 from hethpc.pipeline.balance import (
     balance_costs,
-    layer_times,
     partition_by_counts,
     partition_by_params,
-    partition_by_time,
     split_model,
+    stage_costs,
 )
 from hethpc.pipeline.errors import BalanceError, PipelineError, ScheduleError
 from hethpc.pipeline.groups import Layout, PipelineGroups, make_pipeline_groups, pipeline_layout
 from hethpc.pipeline.memory import ActivationMeter
 from hethpc.pipeline.pipe import Pipeline, StepStats, build_pipeline, default_device
+from hethpc.pipeline.profile import LayerProfile, layer_times, partition_by_time, profile_layers
 from hethpc.pipeline.schedule import SCHEDULES, bubble_fraction, idle_fraction, make_schedule
 
 __all__ = [
     "SCHEDULES",
     "ActivationMeter",
-    "Layout",
     "BalanceError",
+    "LayerProfile",
+    "Layout",
     "Pipeline",
     "PipelineError",
     "PipelineGroups",
@@ -41,5 +42,7 @@ __all__ = [
     "partition_by_params",
     "partition_by_time",
     "pipeline_layout",
+    "profile_layers",
     "split_model",
+    "stage_costs",
 ]

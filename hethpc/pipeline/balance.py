@@ -1,11 +1,11 @@
-"""Cut an ``nn.Sequential`` into contiguous stages: by counts, parameters or measured time."""
+"""Cut an ``nn.Sequential`` into contiguous stages: by counts, parameters or per-layer costs.
+
+Pure functions; :mod:`hethpc.pipeline.profile` measures the per-layer times."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-import torch
 from torch import nn
 
 from hethpc.pipeline.errors import BalanceError
@@ -40,21 +40,34 @@ def partition_by_counts(num_layers: int, counts: Sequence[int]) -> tuple[int, ..
     return balance
 
 
-def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
+def balance_costs(
+    costs: Sequence[float],
+    stages: int,
+    *,
+    first_costs: Sequence[float] | None = None,
+    last_extra: float = 0.0,
+) -> tuple[int, ...]:
     """Split ``costs`` into ``stages`` contiguous non-empty runs minimising the largest sum.
 
     Exact dynamic programme, O(n^2 * stages); among equally good splits the one with the
     earliest cut points wins, so every rank computes the same answer.
 
+    A layer may cost less on the first stage (its input, the data, needs no gradient there)
+    and the last stage may do more (the loss): ``first_costs`` and ``last_extra`` say so, and
+    the split minimises the slowest stage of :func:`stage_costs`.
+
     Args:
-        costs: one non-negative cost per layer (parameters, seconds, ...).
+        costs: one non-negative cost per layer (parameters, seconds, ...), as on any stage.
         stages: number of stages, 1 <= stages <= len(costs).
+        first_costs: each layer's cost when it runs on the first stage (default ``costs``).
+        last_extra: added to the last stage's cost (e.g. the loss's forward and backward).
 
     Returns:
         Layers per stage.
 
     Raises:
-        BalanceError: ``stages`` is out of range or a cost is negative.
+        BalanceError: ``stages`` is out of range, a cost is negative, or ``first_costs``
+            does not have one cost per layer.
     """
     n = len(costs)
     if stages < 1:
@@ -64,12 +77,8 @@ def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
             f"cannot cut {n} layers into {stages} stages (each stage needs a layer); "
             f"use at most {n} stages or a model with more layers"
         )
-    c = [float(v) for v in costs]
-    if any(v < 0 for v in c):
-        raise BalanceError(f"layer costs must be non-negative, got {c}")
-    prefix = [0.0]
-    for v in c:
-        prefix.append(prefix[-1] + v)
+    rest, first, extra = _checked(costs, first_costs, last_extra)
+    prefix_rest, prefix_first = _prefix(rest), _prefix(first)
     inf = float("inf")
     # best[k][i]: smallest max-stage cost of the first i layers in k stages;
     # cut[k][i]: where stage k starts in that split.
@@ -77,9 +86,11 @@ def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
     for k in range(1, stages + 1):
+        tail = extra if k == stages else 0.0
         for i in range(k, n - (stages - k) + 1):
             for j in range(k - 1, i):
-                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                prefix = prefix_first if j == 0 else prefix_rest
+                cost = max(best[k - 1][j], prefix[i] - prefix[j] + tail)
                 if cost < best[k][i] - 1e-12 * max(1.0, abs(cost)):
                     best[k][i], cut[k][i] = cost, j
     bounds = [n]
@@ -87,6 +98,55 @@ def balance_costs(costs: Sequence[float], stages: int) -> tuple[int, ...]:
         bounds.append(cut[k][bounds[-1]])
     bounds.reverse()
     return tuple(bounds[s + 1] - bounds[s] for s in range(stages))
+
+
+def stage_costs(
+    costs: Sequence[float],
+    balance: Sequence[int],
+    *,
+    first_costs: Sequence[float] | None = None,
+    last_extra: float = 0.0,
+) -> list[float]:
+    """Each stage's cost under ``balance``, counted as :func:`balance_costs` counts it.
+
+    Raises:
+        BalanceError: ``balance`` does not cover the layers, or a cost is invalid.
+    """
+    balance = partition_by_counts(len(costs), balance)
+    rest, first, extra = _checked(costs, first_costs, last_extra)
+    out, start = [], 0
+    for s, count in enumerate(balance):
+        c = first if s == 0 else rest
+        out.append(sum(c[start : start + count]))
+        start += count
+    out[-1] += extra
+    return out
+
+
+def _checked(
+    costs: Sequence[float], first_costs: Sequence[float] | None, last_extra: float
+) -> tuple[list[float], list[float], float]:
+    rest = [float(v) for v in costs]
+    first = rest if first_costs is None else [float(v) for v in first_costs]
+    if len(first) != len(rest):
+        raise BalanceError(
+            f"first_costs has {len(first)} entries but there are {len(rest)} layers; give one "
+            "first-stage cost per layer"
+        )
+    if any(v < 0 for v in rest + first) or last_extra < 0:
+        raise BalanceError(
+            f"layer costs must be non-negative, got {rest}"
+            + ("" if first_costs is None else f", first-stage {first}")
+            + ("" if last_extra >= 0 else f", last_extra {last_extra}")
+        )
+    return rest, first, float(last_extra)
+
+
+def _prefix(costs: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for v in costs:
+        out.append(out[-1] + v)
+    return out
 
 
 def partition_by_params(model: nn.Sequential, stages: int) -> tuple[int, ...]:
@@ -97,48 +157,6 @@ def partition_by_params(model: nn.Sequential, stages: int) -> tuple[int, ...]:
     """
     costs = [sum(p.numel() for p in layer.parameters()) for layer in model]
     return balance_costs(costs, stages)
-
-
-def layer_times(
-    model: nn.Sequential, sample: torch.Tensor, *, repeats: int = 3
-) -> list[float]:
-    """Measured forward + backward seconds per layer on ``sample`` (the median of ``repeats``).
-
-    Args:
-        model: the layers to time, on the device they will run on.
-        sample: one micro-batch of input, ``[batch, ...]``, on the same device.
-        repeats: timed runs per layer after one warm-up run.
-    """
-    times: list[list[float]] = [[] for _ in model]
-    for run in range(repeats + 1):
-        x = sample
-        for k, layer in enumerate(model):
-            x_in = x.detach().requires_grad_(x.is_floating_point())
-            _sync(sample.device)
-            t0 = time.perf_counter()
-            y = layer(x_in)
-            if y.requires_grad:
-                y.backward(torch.ones_like(y))
-            _sync(sample.device)
-            if run > 0:
-                times[k].append(time.perf_counter() - t0)
-            x = y.detach()
-    model.zero_grad(set_to_none=True)
-    return [sorted(t)[len(t) // 2] for t in times]
-
-
-def partition_by_time(
-    model: nn.Sequential, stages: int, sample: torch.Tensor, *, repeats: int = 3
-) -> tuple[int, ...]:
-    """Balance stages by measured time per layer, so the slowest stage is as fast as possible.
-
-    Timings differ between ranks: measure on one rank and broadcast the balance (or the
-    times) so that every rank cuts the model the same way.
-
-    Raises:
-        BalanceError: ``stages`` is out of range for the model's layers.
-    """
-    return balance_costs(layer_times(model, sample, repeats=repeats), stages)
 
 
 def split_model(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
@@ -154,8 +172,3 @@ def split_model(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequent
         out.append(nn.Sequential(*layers[start : start + count]))
         start += count
     return out
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

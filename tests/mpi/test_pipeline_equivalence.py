@@ -314,3 +314,22 @@ def test_build_pipeline_over_the_world(stages_of: str) -> None:
         torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
     with pytest.raises(PipelineError, match="divide the world size"):
         build_pipeline(make_model(), stages=comm.size() + 1, micro_batches=2)
+
+
+def test_time_balance_is_the_same_on_every_rank() -> None:
+    stages = comm.size()
+    if stages > len(make_model()):
+        pytest.skip("more ranks than layers")
+    x, y = make_batch(8)
+    pipe = build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time",
+                          sample=(x, y), loss_fn=nn.functional.cross_entropy)  # fmt: skip
+    assert len(set(comm.allgather_object(pipe.balance))) == 1  # measured once, broadcast
+    assert sum(pipe.balance) == len(make_model()) and len(pipe.balance) == stages
+    pipe.train_step(x, y, nn.functional.cross_entropy)
+    _, ref = reference_grads(x, y)
+    for k, g in stage_grads(pipe).items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(PipelineError, match="pass sample"):
+        build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time")
+    with pytest.raises(PipelineError, match="'params', 'time' or layers per stage"):
+        build_pipeline(make_model(), stages=stages, micro_batches=2, balance="flops")

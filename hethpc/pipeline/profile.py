@@ -1,0 +1,220 @@
+"""Measure each layer's forward + backward time, and balance stages by it (on one rank).
+
+A layer costs more on some stages than on others: a stage after the first receives an input
+that needs a gradient, so its first layer computes one (for a Linear, one more matmul); on the
+first stage the data needs none, so the layers up to and including the first one with trainable
+parameters compute none; the last stage also runs the loss. :func:`profile_layers` measures
+each of these costs, and :meth:`LayerProfile.balance` splits the layers so that the slowest
+stage, so counted, is as fast as possible (the bound on any schedule's speedup). Timings differ
+between ranks and between runs: :func:`profile_layers` measures on one rank and broadcasts, so
+every rank cuts the model the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.comm import Group
+from hethpc.pipeline.balance import balance_costs, stage_costs
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Measured seconds per layer of one micro-batch's forward and backward.
+
+    Attributes:
+        layer_s: each layer with its input's gradient (as on stages after the first).
+        first_stage_s: each layer as on the first stage, where the data's gradient is not
+            computed (differs from ``layer_s`` up to the first layer with trainable parameters).
+        loss_s: the loss's forward and backward on the model's output (the last stage's).
+    """
+
+    layer_s: tuple[float, ...]
+    first_stage_s: tuple[float, ...]
+    loss_s: float = 0.0
+
+    @property
+    def whole_s(self) -> float:
+        """The whole model on one rank: every layer as on the first stage, and the loss."""
+        return sum(self.first_stage_s) + self.loss_s
+
+    def balance(self, stages: int) -> tuple[int, ...]:
+        """Layers per stage minimising the slowest stage's time (earliest cuts on ties).
+
+        Raises:
+            BalanceError: ``stages`` is out of range for the layers.
+        """
+        return balance_costs(
+            self.layer_s, stages, first_costs=self.first_stage_s, last_extra=self.loss_s
+        )
+
+    def stage_s(self, balance: Sequence[int]) -> list[float]:
+        """Each stage's seconds per micro-batch under ``balance``."""
+        return stage_costs(
+            self.layer_s, balance, first_costs=self.first_stage_s, last_extra=self.loss_s
+        )
+
+
+def profile_layers(
+    model: nn.Sequential,
+    sample: torch.Tensor,
+    *,
+    target: torch.Tensor | None = None,
+    loss_fn: LossFn | None = None,
+    repeats: int = 5,
+    group: Group | None = None,
+) -> LayerProfile:
+    """Each layer's forward + backward seconds on ``sample``, measured on group rank 0.
+
+    Every layer is run ``repeats`` times after one warm-up run, in each of the ways stages run
+    it; the median is kept. The other ranks wait and receive rank 0's profile, so every rank
+    gets the same one. Leaves no gradients on the model.
+
+    Args:
+        model: the layers to time, on the device they will run on.
+        sample: one micro-batch of input ``[rows, ...]``, on the same device.
+        target: the targets of ``sample`` ``[rows, ...]``, for timing ``loss_fn``.
+        loss_fn: ``loss_fn(output, target)``; None (or no ``target``): the loss costs 0.
+        repeats: timed runs per layer, at least 1.
+        group: the ranks that get the profile (default: the world); all of them call this.
+    """
+    profile: LayerProfile | None = None
+    if (group if group is not None else comm.world()).rank == 0:
+        profile = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
+    got = comm.broadcast_object(profile, group=group)
+    assert got is not None  # rank 0 measured it
+    return got
+
+
+def layer_times(
+    model: nn.Sequential, sample: torch.Tensor, *, repeats: int = 3
+) -> list[float]:
+    """Measured forward + backward seconds per layer on ``sample`` (the median of ``repeats``),
+    each layer computing its input's gradient; measured on this rank alone.
+
+    Args:
+        model: the layers to time, on the device they will run on.
+        sample: one micro-batch of input, ``[batch, ...]``, on the same device.
+        repeats: timed runs per layer after one warm-up run.
+    """
+    return list(_measure(model, sample, None, None, max(1, int(repeats))).layer_s)
+
+
+def partition_by_time(
+    model: nn.Sequential,
+    stages: int,
+    sample: torch.Tensor,
+    *,
+    target: torch.Tensor | None = None,
+    loss_fn: LossFn | None = None,
+    repeats: int = 5,
+    group: Group | None = None,
+) -> tuple[int, ...]:
+    """Balance stages by measured time, so the slowest stage is as fast as possible.
+
+    Measured on group rank 0 (:func:`profile_layers`), so every rank of ``group`` gets the
+    same balance; all of them call this.
+
+    Raises:
+        BalanceError: ``stages`` is out of range for the model's layers.
+    """
+    profile = profile_layers(
+        model, sample, target=target, loss_fn=loss_fn, repeats=repeats, group=group
+    )
+    return profile.balance(stages)
+
+
+def _measure(
+    model: nn.Sequential,
+    sample: torch.Tensor,
+    target: torch.Tensor | None,
+    loss_fn: LossFn | None,
+    repeats: int,
+) -> LayerProfile:
+    dev = sample.device
+    # Up to the first layer with trainable parameters, the whole model (and so the first
+    # stage) computes no input gradient; from there on every layer does.
+    trainable = [any(p.requires_grad for p in layer.parameters()) for layer in model]
+    no_grad_upto = trainable.index(True) if True in trainable else len(model) - 1
+    with_grad: list[list[float]] = [[] for _ in model]
+    first: list[list[float]] = [[] for _ in model]
+    x = sample
+    for k, layer in enumerate(model):
+        with _on(layer, dev):  # one layer at a time on the device: the model may not fit
+            grads: dict[bool, torch.Tensor] = {}
+            for run in range(repeats + 1):  # the first is a warm-up
+                y = _timed(layer, x, x.is_floating_point(), grads, with_grad[k], run > 0, dev)
+                if k <= no_grad_upto:  # as on the first stage: the input needs no gradient
+                    _timed(layer, x, False, grads, first[k], run > 0, dev)
+            layer.zero_grad(set_to_none=True)
+        x = y
+    loss_t: list[float] = []
+    if loss_fn is not None and target is not None:
+        for run in range(repeats + 1):
+            out = x.detach().requires_grad_(x.is_floating_point())
+            _sync(dev)
+            t0 = time.perf_counter()
+            loss = loss_fn(out, target)
+            if loss.requires_grad:
+                loss.backward()
+            _sync(dev)
+            if run > 0:
+                loss_t.append(time.perf_counter() - t0)
+    layer_s = tuple(_median(t) for t in with_grad)
+    first_s = tuple(_median(t) if t else layer_s[k] for k, t in enumerate(first))
+    return LayerProfile(layer_s, first_s, _median(loss_t) if loss_t else 0.0)
+
+
+@contextmanager
+def _on(layer: nn.Module, device: torch.device) -> Iterator[None]:
+    """``layer`` moved to ``device`` for the block, then back where it was."""
+    here = next(iter([*layer.parameters(), *layer.buffers()]), None)
+    home = here.device if here is not None else device
+    layer.to(device)
+    try:
+        yield
+    finally:
+        layer.to(home)
+
+
+def _timed(
+    layer: nn.Module,
+    x: torch.Tensor,
+    input_grad: bool,
+    grads: dict[bool, torch.Tensor],
+    into: list[float],
+    record: bool,
+    dev: torch.device,
+) -> torch.Tensor:
+    """``layer(x)`` forward and backward, its seconds appended to ``into`` if ``record``;
+    returns the output."""
+    x_in = x.detach().requires_grad_(input_grad)
+    _sync(dev)
+    t0 = time.perf_counter()
+    y = layer(x_in)
+    if y.requires_grad:
+        if input_grad not in grads:  # made in the warm-up run, outside the timed runs
+            grads[input_grad] = torch.ones_like(y)
+        y.backward(grads[input_grad])
+    _sync(dev)
+    if record:
+        into.append(time.perf_counter() - t0)
+    return y.detach()
+
+
+def _median(values: Sequence[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
