@@ -226,3 +226,18 @@ def test_state_from_another_setup_is_refused() -> None:
     state = Loader(ds, rank=0, world_size=2, seed=1).state_dict()
     with pytest.raises(LoaderError, match="seed=1.*same data, mode, seed"):
         Loader(ds, rank=0, world_size=2, seed=2).load_state_dict(state)
+
+
+def test_direct_reads_match_window_reads_and_survive_close(sharded: ShardedDataset) -> None:
+    """A verified dataset is read a batch at a time from its mapped files, the same batches
+    as through HDF5's windows."""
+    assert sharded.direct_reads
+    checked = open_dataset(sharded.root, verify=False)
+    assert not checked.direct_reads
+    a = Loader(sharded, rank=0, world_size=1, seed=3, prefetch=False)
+    b = Loader(checked, rank=0, world_size=1, seed=3, prefetch=False)
+    for i, size in enumerate([50, 0, 333, 600, 7]):
+        if i == 2:
+            sharded.close()  # unmapped: the next read maps the files again
+        torch.testing.assert_close(a.next_batch([size]), b.next_batch([size]))
+    assert a._direct and not b._direct

@@ -82,8 +82,8 @@ class Loader:
             spends at least a quarter of a batch's load time between calls (its compute, which
             the read then overlaps); a loop that only reads gains nothing from a thread
             hand-off per batch, so it reads in line.
-        shuffle_window: chunks shuffled together for a sharded dataset (memory: about three
-            windows of this many chunks).
+        shuffle_window: chunks shuffled together for a sharded dataset (memory, when it is
+            read through HDF5: about three windows of this many chunks).
         normalize: cast uint8 samples to float32 in ``[0, 1]`` (others are cast to float32).
 
     Raises:
@@ -135,6 +135,7 @@ class Loader:
         )
         self._windows_lock = threading.Lock()
         self._direct: bool | None = None  # the dataset's direct_reads, asked on the first read
+        self._offsets: dict[int, np.ndarray] = {}  # epoch -> its order's places in mapped files
         self.prefetch = prefetch
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="hethpc-prefetch") if prefetch else None
@@ -223,7 +224,7 @@ class Loader:
             if self._direct is None:
                 self._direct = self.dataset.direct_reads
             if self._direct:  # one gather from the page cache: a window would add a copy
-                x, y = self.dataset.read_window(self._stream(start, count))
+                x, y = self._read_direct(start, count)
             else:
                 x, y = self._read_windows(start, count)
         else:
@@ -233,6 +234,34 @@ class Loader:
             idx = np.sort(self._stream(start, count))
             x, y = self.dataset.x[idx], self.dataset.y[idx]
         return to_inputs(x, normalize=self._normalize), to_targets(np.asarray(y))
+
+    def _read_direct(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream positions ``start .. start+count-1`` gathered from the mapped shard files,
+        at places computed once per epoch."""
+        assert isinstance(self.dataset, ShardedDataset)
+        n = self.length
+        idx, offs = [], []
+        while count > 0:
+            e, off = divmod(start, n)
+            order = self._order(e)[0]
+            with self._orders_lock:
+                where = self._offsets.get(e)
+                if where is None:
+                    where = self.dataset._offsets(order)
+                    if where is None:  # no longer direct (checksums turned on)
+                        return self.dataset.read_window(self._stream(start, count))
+                    for old in [k for k in self._offsets if k < e - 1]:
+                        del self._offsets[old]
+                    self._offsets[e] = where
+            take = min(count, n - off)
+            idx.append(order[off : off + take])
+            offs.append(where[off : off + take])
+            start += take
+            count -= take
+        if len(idx) != 1:
+            idx = [np.concatenate(idx) if idx else self._base[:0]]
+            offs = [np.concatenate(offs) if offs else np.empty(0, np.int64)]
+        return self.dataset._read_offsets(offs[0], idx[0])
 
     def _read_windows(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Stream positions ``start .. start+count-1`` from the shuffle windows that hold them.

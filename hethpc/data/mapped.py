@@ -172,6 +172,31 @@ class MappedShards:
         rows = self.region.data[at : at + (b - a) * self.row_bytes]
         return rows.view(self.dtype).reshape(b - a, *self.sample_shape)
 
+    @property
+    def complete(self) -> bool:
+        """Every shard file is mapped."""
+        return self.region is not None and all(self.region.mapped)
+
+    def offsets(self, idx: np.ndarray) -> np.ndarray | None:
+        """Byte offsets in the region of the samples at global indices ``idx`` (checked), for
+        :meth:`read`; None when one lies in a shard not mapped."""
+        if self.even:
+            gc = idx // self.chunk
+        else:
+            gc = np.searchsorted(self.first, idx, side="right") - 1
+        at = self.at[gc]
+        if len(at) and at.min() < 0:
+            return None
+        at += (idx - self.first[gc]) * self.row_bytes
+        return at
+
+    def read(self, offsets: np.ndarray) -> np.ndarray:
+        """The samples at ``offsets`` (from :meth:`offsets`; the region :attr:`complete`), in
+        that order, by one gather."""
+        assert self.region is not None
+        rows = self.region.rows(self.row_bytes)[offsets]
+        return rows.view(self.dtype).reshape(len(offsets), *self.sample_shape)
+
     def gather(self, idx: np.ndarray, map_shard: Callable[[int], bool]) -> np.ndarray | None:
         """Samples at global indices ``idx`` (checked, non-empty; any order, repeats allowed),
         copied in that order from the mapped files by one gather. Shards not mapped yet are

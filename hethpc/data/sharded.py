@@ -141,6 +141,26 @@ class ShardedDataset:
         with self._lock:
             return all([self._raw_chunks(s) for s in range(len(self._paths))])
 
+    # The loader's direct path: offsets computed once per epoch, then one gather per batch.
+    def _offsets(self, indices: np.ndarray) -> np.ndarray | None:
+        """Where the samples at ``indices`` lie in the mapped files, for :meth:`_read_offsets`;
+        None unless :attr:`direct_reads`."""
+        idx = self._check(indices)
+        if not self.direct_reads:
+            return None
+        with self._lock:
+            return self._mapped.offsets(idx)
+
+    def _read_offsets(
+        self, offsets: np.ndarray, indices: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`read_window` of ``indices``, given ``offsets = self._offsets(indices)``."""
+        if os.getpid() != self._pid or not self._mapped.complete:
+            if not self.direct_reads:  # maps every shard again (after a fork or close)
+                return self.read_window(indices)
+        with self._lock:
+            return self._mapped.read(offsets), self.labels[indices]
+
     def _dataset_x(self, shard: int) -> h5py.Dataset:
         if os.getpid() != self._pid:
             self._reset()  # forked: the parent's handles are not usable here
