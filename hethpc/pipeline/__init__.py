@@ -12,11 +12,13 @@ from hethpc.pipeline.balance import (
     split_model,
     stage_costs,
 )
+from hethpc.pipeline.build import build_pipeline
 from hethpc.pipeline.errors import BalanceError, PipelineError, ScheduleError
 from hethpc.pipeline.groups import Layout, PipelineGroups, make_pipeline_groups, pipeline_layout
 from hethpc.pipeline.memory import ActivationMeter
-from hethpc.pipeline.pipe import Pipeline, StepStats, build_pipeline, default_device
+from hethpc.pipeline.pipe import Pipeline, default_device
 from hethpc.pipeline.profile import LayerProfile, layer_times, partition_by_time, profile_layers
+from hethpc.pipeline.runner import StepStats
 from hethpc.pipeline.schedule import SCHEDULES, bubble_fraction, idle_fraction, make_schedule
 
 __all__ = [

@@ -1,11 +1,15 @@
-"""The stage runtime: one rank runs one stage; micro-batches stream between neighbour ranks."""
+"""The pipeline object: this rank's stage of a model cut across ranks, one batch at a time.
+
+:class:`Pipeline` checks its settings, agrees on each batch with the other stages, hands the
+micro-batches to the schedule runner (:mod:`hethpc.pipeline.runner`), which drives this rank's
+:class:`~hethpc.pipeline.stage.Stage`, and reduces the replicas' gradients after the step.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -13,23 +17,13 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.comm.progress import Lookahead, Progress, auto_interval
-from hethpc.pipeline.backward import can_split, input_gradient, tapped_forward, weight_gradients
-from hethpc.pipeline.balance import partition_by_counts, partition_by_params, split_model
+from hethpc.comm.progress import auto_interval
+from hethpc.pipeline.balance import partition_by_counts, split_model
 from hethpc.pipeline.errors import PipelineError
-from hethpc.pipeline.groups import make_pipeline_groups
-from hethpc.pipeline.profile import partition_by_time
-from hethpc.pipeline.schedule import (
-    BACKWARD,
-    FORWARD,
-    WEIGHT,
-    has_weight_passes,
-    make_schedule,
-    stage_tasks,
-)
+from hethpc.pipeline.runner import StepStats, run_forward, run_step
+from hethpc.pipeline.schedule import has_weight_passes, make_schedule, stage_tasks
+from hethpc.pipeline.stage import LossFn, Stage
 from hethpc.sync.averaging import average_gradients_
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # comm's point-to-point uses tags 2*tag and 2*tag+1; MPI guarantees tags up to 32767.
 MAX_MICRO_BATCHES = 4096
@@ -40,36 +34,6 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", comm.local_rank() % torch.cuda.device_count())
     return torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """Timings of this rank's last :meth:`Pipeline.train_step`.
-
-    Attributes:
-        step_s: wall seconds of the whole step (communication and waiting included).
-        busy_s: seconds spent computing forward and backward passes.
-        peak_in_flight: most micro-batches whose activations this stage held at once.
-        forward_s: the part of ``busy_s`` spent in forward passes (recomputation excluded).
-        wait_s: seconds spent waiting for activations or gradients from the neighbours.
-    """
-
-    step_s: float
-    busy_s: float
-    peak_in_flight: int
-    forward_s: float = 0.0
-    wait_s: float = 0.0
-
-    @property
-    def idle_fraction(self) -> float:
-        """Share of the step this stage was not computing."""
-        return 1.0 - self.busy_s / self.step_s if self.step_s > 0 else 0.0
-
-
-def _tag(micro_batch: int, kind: str) -> int:
-    # Unique per (micro-batch, direction); messages of successive steps reuse tags, which is
-    # safe because MPI delivers messages between two ranks with one tag in order.
-    return 2 * micro_batch + (0 if kind == FORWARD else 1)
 
 
 class Pipeline:
@@ -163,8 +127,11 @@ class Pipeline:
         self.device = torch.device(device) if device is not None else default_device()
         self.table = make_schedule(schedule, self.stages, self.micro_batches)
         self._tasks = stage_tasks(self.table, self.stage)
-        self.module = split_model(model, balance)[self.stage].to(self.device)
-        self.split_backward = bool(split_backward) and self.stage > 0 and can_split(self.module)
+        self._stage = Stage(split_model(model, balance)[self.stage], index=self.stage,
+                            stages=self.stages, device=self.device,
+                            split_backward=split_backward)  # fmt: skip
+        self.module = self._stage.module
+        self.split_backward = self._stage.split_backward
         # the schedule's W passes compute the weights' gradients (else B computes them)
         self._deferred_weights = self.split_backward and has_weight_passes(self.table, self.stage)
         self.stats = StepStats(0.0, 0.0, 0)
@@ -234,86 +201,14 @@ class Pipeline:
         m = self.micro_batches
         xs = torch.tensor_split(x, m) if self.is_first and x is not None else [None] * m
         ys = torch.tensor_split(y, m) if self.is_last and y is not None else [None] * m
-        g, dev, s = self.stage_group, self.device, self.stage
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        taps: dict[int, Any] = {}  # split backward: each micro-batch's layer outputs
-        weights: dict[int, Any] = {}  # taps and their output gradients, awaiting W
-        rng: dict[int, Any] = {}
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        busy = fwd = 0.0
-        live = peak = 0
-        with Progress(interval=self.current_progress_interval) as net:
-            acts, grads = self._post_receives(net)
-            for task in self._tasks:
-                i = task.micro_batch
-                if task.kind == FORWARD:
-                    if self.is_first:
-                        inp = xs[i].to(dev)  # type: ignore[union-attr]
-                    else:
-                        inp = acts.take(i)  # type: ignore[union-attr]
-                        if inp.is_floating_point():
-                            inp.requires_grad_(True)
-                    t0 = time.perf_counter()
-                    if self.checkpoint:
-                        rng[i] = _rng_state(dev)
-                        with torch.no_grad():
-                            out, _ = self._forward(inp, ys[i], n, loss_fn)
-                    else:
-                        out, taps[i] = self._forward(inp, ys[i], n, loss_fn)
-                    dt = self._elapsed(t0)
-                    busy += dt
-                    fwd += dt
-                    if self.is_last:
-                        loss_sum += out.detach().to("cpu", torch.float64)
-                    else:
-                        net.send(out, s + 1, tag=_tag(i, FORWARD), group=g)
-                    inputs[i], outputs[i] = inp, out
-                    live += 1
-                    peak = max(peak, live)
-                elif task.kind == WEIGHT:
-                    if i in weights:  # else B computed them (a plain backward)
-                        tap, tap_grads = weights.pop(i)
-                        t0 = time.perf_counter()
-                        weight_gradients(tap, tap_grads)
-                        busy += self._elapsed(t0)
-                        del tap, tap_grads
-                        live -= 1
-                else:
-                    grad = None
-                    if not self.is_last:
-                        grad = grads.take(i)  # type: ignore[union-attr]
-                    inp, out, tap = inputs.pop(i), outputs.pop(i), taps.pop(i, None)
-                    t0 = time.perf_counter()
-                    if self.checkpoint:
-                        with _rng_restored(dev, rng.pop(i)):
-                            out, tap = self._forward(inp, ys[i], n, loss_fn)
-                    if tap is not None and out.requires_grad and inp.requires_grad:
-                        # the input's gradient first, sent at once; the weights' after it
-                        g_in, tap_grads = input_gradient(out, grad, inp, tap)
-                        busy += self._elapsed(t0)
-                        net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
-                        if self._deferred_weights:
-                            weights[i] = (tap, tap_grads)
-                            live += 1  # held until W; the decrement below is for B
-                        else:
-                            t0 = time.perf_counter()
-                            weight_gradients(tap, tap_grads)
-                            busy += self._elapsed(t0)
-                        del tap_grads
-                    else:
-                        if out.requires_grad:
-                            torch.autograd.backward(out, grad)
-                        busy += self._elapsed(t0)
-                        if not self.is_first:
-                            g_in = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                            net.send(g_in, s - 1, tag=_tag(i, BACKWARD), group=g)
-                    del out, tap
-                    live -= 1
+        loss, stats = run_step(self._stage, self._tasks, self.stage_group, xs, ys, n, loss_fn,
+                               checkpoint=self.checkpoint, defer_weights=self._deferred_weights,
+                               interval=self.current_progress_interval)  # fmt: skip
         self._reduce_replicas(dp_weight)
-        self._task_s = busy / len(self._tasks) if self._tasks else None
-        self.stats = StepStats(time.perf_counter() - t_start, busy, peak, fwd, net.wait_s)
-        return float(loss_sum) if self.is_last else None
+        self._task_s = stats.busy_s / len(self._tasks) if self._tasks else None
+        # the whole call: the batch agreement and the replicas' reduction too
+        self.stats = dataclasses.replace(stats, step_s=time.perf_counter() - t_start)
+        return loss if self.is_last else None
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor | None) -> torch.Tensor | None:
@@ -323,56 +218,9 @@ class Pipeline:
             x: the inputs ``[N, ...]`` on the first stage (ignored elsewhere, may be None).
         """
         n = self._agree_batch(x, None, need_targets=False)
-        g, dev, s = self.stage_group, self.device, self.stage
         xs = torch.tensor_split(x, self.micro_batches) if self.is_first and x is not None else None
-        outs = []
-        with Progress(interval=self.current_progress_interval) as net:
-            for i in range(min(self.micro_batches, n)):
-                if xs is not None:
-                    inp = xs[i].to(dev)
-                else:
-                    inp = comm.recv_tensor(s - 1, tag=_tag(i, FORWARD), device=dev, group=g)
-                out = self.module(inp)
-                if self.is_last:
-                    outs.append(out)
-                else:
-                    net.send(out, s + 1, tag=_tag(i, FORWARD), group=g)
-        return torch.cat(outs) if self.is_last else None
-
-    def _post_receives(self, net: Progress) -> tuple[Lookahead | None, Lookahead | None]:
-        """Post this stage's receives ahead: activations from the left, gradients from the right."""
-        depth = self.stages + 1  # enough to cover 1F1B's warm-up; bounded so memory stays flat
-        acts = grads = None
-        kw: dict[str, Any] = {"device": self.device, "group": self.stage_group, "depth": depth}
-        if not self.is_first:
-            order = [t.micro_batch for t in self._tasks if t.kind == FORWARD]
-            tags = {i: _tag(i, FORWARD) for i in order}
-            acts = Lookahead(net, order, tags, source=self.stage - 1, **kw)
-        if not self.is_last:
-            order = [t.micro_batch for t in self._tasks if t.kind == BACKWARD]
-            tags = {i: _tag(i, BACKWARD) for i in order}
-            grads = Lookahead(net, order, tags, source=self.stage + 1, **kw)
-        return acts, grads
-
-    def _forward(
-        self, inp: torch.Tensor, target: torch.Tensor | None, n: int, loss_fn: LossFn
-    ) -> tuple[torch.Tensor, Any]:
-        """The stage's output (its loss share on the last stage), and its layers' outputs for
-        the split backward (None when not splitting or without autograd)."""
-        taps = None
-        if self.split_backward and torch.is_grad_enabled() and inp.requires_grad:
-            out, taps = tapped_forward(self.module, inp)
-        else:
-            out = self.module(inp)
-        if not self.is_last:
-            return out, taps
-        assert target is not None
-        return loss_fn(out, target.to(self.device)) * (inp.shape[0] / n), taps
-
-    def _elapsed(self, t0: float) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        return run_forward(self._stage, self.stage_group, xs, min(self.micro_batches, n),
+                           interval=self.current_progress_interval)  # fmt: skip
 
     def _agree_batch(
         self, x: torch.Tensor | None, y: torch.Tensor | None, *, need_targets: bool = True
@@ -415,95 +263,3 @@ class Pipeline:
         if self.dp_group is not None:  # the one weighted gradient sum of data parallelism
             average_gradients_(self.module.parameters(), weight=dp_weight, group=self.dp_group,
                                name="hethpc.pipeline.grads")  # fmt: skip
-
-
-def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-@contextmanager
-def _rng_restored(
-    device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]
-) -> Iterator[None]:
-    """Replay the forward's random numbers (dropout) during recomputation."""
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], device)
-        yield
-
-
-def build_pipeline(
-    model: nn.Sequential,
-    *,
-    stages: int,
-    micro_batches: int,
-    schedule: str = "1f1b",
-    balance: Sequence[int] | str | None = None,
-    sample: tuple[torch.Tensor, torch.Tensor] | None = None,
-    loss_fn: LossFn | None = None,
-    checkpoint: bool = False,
-    device: torch.device | str | None = None,
-    progress_interval: float | str | None = "auto",
-    split_backward: bool = True,
-) -> Pipeline:
-    """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
-
-    Every world rank calls it with the same arguments. Replicas average their gradients.
-
-    Args:
-        model: the whole model, built identically (same seed) on every rank.
-        stages: P; must divide the world size.
-        micro_batches: m.
-        schedule: "1f1b", "gpipe" or "zb".
-        balance: layers per stage; or "params" (default, also None): balanced by parameter
-            count; or "time": balanced by each layer's measured time on one micro-batch of
-            ``sample`` (:func:`~hethpc.pipeline.profile.partition_by_time`: measured on world
-            rank 0 and broadcast, so every rank cuts alike; the loss and the input gradients
-            that stages after the first compute are counted).
-        sample: with ``balance="time"``: a batch ``(x [N, ...], y [N, ...])`` like the
-            training batches; its first ``N // micro_batches`` rows are timed.
-        loss_fn: with ``balance="time"``: the training loss, timed on the last stage's output
-            (None: not counted).
-        checkpoint: recompute activations in the backward pass.
-        device: default ``cuda:<local rank>`` when present, else CPU.
-        progress_interval: see :class:`Pipeline` (None: no progress thread).
-        split_backward: see :class:`Pipeline`.
-
-    Raises:
-        PipelineError: ``stages`` does not divide the world size, bad settings, or
-            ``balance="time"`` without a ``sample``.
-        BalanceError: the model cannot be cut that way.
-    """
-    groups = make_pipeline_groups(stages)
-    if balance is None or balance == "params":
-        balance = partition_by_params(model, stages)
-    elif balance == "time":
-        if sample is None:
-            raise PipelineError(
-                'balance="time" times the layers on a sample batch; pass sample=(x, y)'
-            )
-        dev = torch.device(device) if device is not None else default_device()
-        rows = max(1, sample[0].shape[0] // micro_batches)
-        balance = partition_by_time(
-            model, stages, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
-            loss_fn=loss_fn,
-        )  # fmt: skip
-    elif isinstance(balance, str):
-        raise PipelineError(
-            f"balance must be 'params', 'time' or layers per stage, got {balance!r}"
-        )
-    return Pipeline(
-        model,
-        balance=balance,
-        micro_batches=micro_batches,
-        schedule=schedule,
-        stage_group=groups.stage_group,
-        dp_group=groups.dp_group,
-        checkpoint=checkpoint,
-        device=device,
-        progress_interval=progress_interval,
-        split_backward=split_backward,
-    )

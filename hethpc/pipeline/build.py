@@ -1,0 +1,89 @@
+"""Build a pipeline over the world: its groups, its balance (given, by parameters or by time)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hethpc.pipeline.balance import partition_by_params
+from hethpc.pipeline.errors import PipelineError
+from hethpc.pipeline.groups import make_pipeline_groups
+from hethpc.pipeline.pipe import Pipeline, default_device
+from hethpc.pipeline.profile import partition_by_time
+from hethpc.pipeline.stage import LossFn
+
+
+def build_pipeline(
+    model: nn.Sequential,
+    *,
+    stages: int,
+    micro_batches: int,
+    schedule: str = "1f1b",
+    balance: Sequence[int] | str | None = None,
+    sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss_fn: LossFn | None = None,
+    checkpoint: bool = False,
+    device: torch.device | str | None = None,
+    progress_interval: float | str | None = "auto",
+    split_backward: bool = True,
+) -> Pipeline:
+    """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
+
+    Every world rank calls it with the same arguments. Replicas average their gradients.
+
+    Args:
+        model: the whole model, built identically (same seed) on every rank.
+        stages: P; must divide the world size.
+        micro_batches: m.
+        schedule: "1f1b", "gpipe" or "zb".
+        balance: layers per stage; or "params" (default, also None): balanced by parameter
+            count; or "time": balanced by each layer's measured time on one micro-batch of
+            ``sample`` (:func:`~hethpc.pipeline.profile.partition_by_time`: measured on world
+            rank 0 and broadcast, so every rank cuts alike; the loss and the input gradients
+            that stages after the first compute are counted).
+        sample: with ``balance="time"``: a batch ``(x [N, ...], y [N, ...])`` like the
+            training batches; its first ``N // micro_batches`` rows are timed.
+        loss_fn: with ``balance="time"``: the training loss, timed on the last stage's output
+            (None: not counted).
+        checkpoint: recompute activations in the backward pass.
+        device: default ``cuda:<local rank>`` when present, else CPU.
+        progress_interval: see :class:`Pipeline` (None: no progress thread).
+        split_backward: see :class:`Pipeline`.
+
+    Raises:
+        PipelineError: ``stages`` does not divide the world size, bad settings, or
+            ``balance="time"`` without a ``sample``.
+        BalanceError: the model cannot be cut that way.
+    """
+    groups = make_pipeline_groups(stages)
+    if balance is None or balance == "params":
+        balance = partition_by_params(model, stages)
+    elif balance == "time":
+        if sample is None:
+            raise PipelineError(
+                'balance="time" times the layers on a sample batch; pass sample=(x, y)'
+            )
+        dev = torch.device(device) if device is not None else default_device()
+        rows = max(1, sample[0].shape[0] // micro_batches)
+        balance = partition_by_time(
+            model, stages, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
+            loss_fn=loss_fn,
+        )  # fmt: skip
+    elif isinstance(balance, str):
+        raise PipelineError(
+            f"balance must be 'params', 'time' or layers per stage, got {balance!r}"
+        )
+    return Pipeline(
+        model,
+        balance=balance,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        stage_group=groups.stage_group,
+        dp_group=groups.dp_group,
+        checkpoint=checkpoint,
+        device=device,
+        progress_interval=progress_interval,
+        split_backward=split_backward,
+    )
