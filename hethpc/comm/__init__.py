@@ -11,12 +11,14 @@ microseconds where a Horovod collective waits for its background cycle (about 1 
 from __future__ import annotations
 
 from hethpc.comm.collectives import (
+    Pending,
     ReduceOp,
     allgather_array,
     allgather_object,
     allreduce,
     allreduce_,
     allreduce_array,
+    allreduce_async_,
     barrier,
     broadcast_model,
     broadcast_object,
@@ -61,6 +63,7 @@ __all__ = [
     "LinkError",
     "LinkStats",
     "RecvRequest",
+    "Pending",
     "ReduceOp",
     "Request",
     "abort",
@@ -70,6 +73,7 @@ __all__ = [
     "allreduce",
     "allreduce_",
     "allreduce_array",
+    "allreduce_async_",
     "barrier",
     "broadcast_model",
     "broadcast_object",

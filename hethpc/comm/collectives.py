@@ -210,6 +210,56 @@ def allreduce_(
     return tensor
 
 
+class Pending:
+    """An in-place allreduce in flight (:func:`allreduce_async_`); :meth:`wait` completes it."""
+
+    def __init__(
+        self, tensor: torch.Tensor, target: torch.Tensor, handle: Any, t0: float, g: Group
+    ) -> None:
+        self._tensor, self._target, self._handle, self._t0, self._g = tensor, target, handle, t0, g
+
+    def wait(self) -> torch.Tensor:
+        """Block until the result is in the tensor (under link emulation, at least as long
+        after the start as on the emulated link); returns the tensor."""
+        if self._handle is not None:
+            state().hvd.synchronize(self._handle)
+            self._handle = None
+            if self._target is not self._tensor:
+                self._tensor.copy_(self._target)
+            _emulate(self._t0, "allreduce", _nbytes([self._tensor]), self._g)
+        return self._tensor
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    op: ReduceOp = ReduceOp.SUM,
+    *,
+    group: Group | None = None,
+    name: str,
+) -> Pending:
+    """Start an in-place Horovod allreduce of one contiguous tensor; returns at once.
+
+    Horovod's background thread carries it while this thread goes on (the backward pass, when
+    gradient hooks start it). Every rank must start the same names; call :meth:`Pending.wait`
+    before reading the tensor. GPU tensors without GPU operations in Horovod are staged.
+
+    Args:
+        tensor: contiguous; overwritten with the result by :meth:`Pending.wait`.
+        op: how to combine.
+        group: the ranks taking part (default: the world).
+        name: the operation's name, unique among those in flight, the same on every rank.
+    """
+    g = resolve(group)
+    t0 = time.perf_counter()
+    if g.size == 1:
+        return Pending(tensor, tensor, None, t0, g)
+    hvd = state().hvd
+    assert hvd is not None
+    target = tensor.detach().cpu() if _needs_staging([tensor]) else tensor
+    handle = hvd.allreduce_async_(target, op=_hvd_op(op), process_set=g.process_set, name=name)
+    return Pending(tensor, target, handle, t0, g)
+
+
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     op: ReduceOp = ReduceOp.AVERAGE,

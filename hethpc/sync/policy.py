@@ -268,6 +268,12 @@ class SyncPolicy(abc.ABC):
         it shares anything; the first :meth:`step` does it otherwise)."""
         return None
 
+    def before_backward(self, model: torch.nn.Module, *, weight: float | None = None) -> None:
+        """Called before each step's ``loss.backward()`` with the step's weight: a policy that
+        communicates during the backward pass (BSP with ``overlap``) gets ready; the others do
+        nothing. Optional: without it, :meth:`step` does all the communication."""
+        return None
+
     def skip(self, model: torch.nn.Module) -> None:
         """A step this rank skips (non-finite gradients); synchronous policies have nothing to
         do, since every rank skips it alike."""

@@ -110,6 +110,12 @@ class TrainConfig:
     aggregation: str = _f(
         "params", "SelSync: average parameters or gradients", choices=("params", "grads")
     )
+    overlap: bool = _f(
+        False,
+        "BSP: allreduce the gradients in 25 MB buckets while the backward pass runs (as "
+        "Horovod and DDP do); off: one allreduce after it, faster on the 2-core benchmark host "
+        "(benchmarks/bench_overhead.py); try it on nodes with cores to spare",
+    )
     fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
     inner_steps: str = _f(
         "fixed",
@@ -331,6 +337,13 @@ class TrainConfig:
                 "sync ssp lets ranks step at their own pace, but rebalancing exchanges samples "
                 "between ranks every step; use rebalance auto or off with ssp",
                 key="rebalance",
+            )
+        if self.overlap and (self.sync != "bsp" or self.pipeline_stages > 1):
+            raise ConfigError(
+                f"overlap sends BSP's gradients during the backward pass, but this run uses sync "
+                f"{self.sync} with {self.pipeline_stages} pipeline stage(s); use it with sync "
+                "bsp and pipeline_stages 1, or turn it off",
+                key="overlap",
             )
         if self.inner_steps == "speed" and self.sync not in ("fedavg", "local"):
             raise ConfigError(

@@ -394,6 +394,7 @@ def run_training(
                             optimizer.step()  # a bad local step is dropped on this rank alone
                     x, y = x[edges[-2] :], y[edges[-2] :]
                     local_steps = len(splits)
+                policy.before_backward(module, weight=weight)  # BSP overlap: arm the buckets
                 loss, out = engine.compute(x, y, loss_fn, poison)
                 compute_s = engine.step_time(controller.timer_stop(tc))
                 dog.kick(step, "sync")

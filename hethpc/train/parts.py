@@ -203,7 +203,9 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
             drift=drift_correction(cfg), keep_records=False,
         )  # fmt: skip
     if cfg.sync == "bsp":
-        return _make_sync_policy("bsp", check_weights=False, group=group, keep_records=False)
+        return _make_sync_policy(
+            "bsp", check_weights=False, group=group, keep_records=False, overlap=cfg.overlap
+        )
     if cfg.sync == "ssp":
         return _make_sync_policy("ssp", staleness=cfg.staleness, group=group, keep_records=False)
     return _make_sync_policy(

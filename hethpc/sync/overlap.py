@@ -1,0 +1,204 @@
+"""Gradient buckets allreduced during the backward pass, fired by per-parameter hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hethpc import comm
+from hethpc.comm import Group, Pending, ReduceOp
+from hethpc.sync.averaging import (
+    WEIGHT_TOLERANCE,
+    _weight_message,
+    _weight_row,
+    _weights_wrong,
+    check_weight,
+)
+from hethpc.sync.errors import SyncError
+
+# DDP's default bucket size; the first bucket (the last layers) fires as soon as it fills.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+class GradientBuckets:
+    """The gradients of ``parameters`` as slices of one flat buffer, cut into buckets that are
+    allreduced while the backward pass still runs (as ``hvd.DistributedOptimizer`` and DDP do).
+
+    Parameters are laid out in reverse order (the order backward produces their gradients);
+    a bucket starts its Horovod allreduce once every gradient in it has arrived and every
+    earlier bucket has started, so all ranks start them in the same order. Each gradient is
+    copied into its slice scaled by this rank's weight (``b_k / B``; ``1 / N`` without one), so
+    the sum over ranks is the gradient of the global batch, exactly as
+    :func:`~hethpc.sync.averaging.average_gradients_` computes it. The weight check rides in
+    the last bucket.
+
+    Use: :meth:`arm` with this step's weight before ``loss.backward()``, then :meth:`finish`
+    after it (before ``optimizer.step()``). Unarmed, the hooks do nothing. One backward pass
+    per armed step (gradient accumulation over several passes would send the first pass only:
+    it raises instead).
+
+    Args:
+        parameters: the model's parameters (same list, same order on every rank); one dtype
+            and device.
+        group: the ranks that average (default: the world).
+        bucket_bytes: target bytes per bucket.
+        check: check the weights inside the last bucket (see ``average_gradients_``).
+        name: prefix of the Horovod operation names.
+
+    Raises:
+        ValueError: the parameters mix dtypes or devices, or none needs a gradient.
+    """
+
+    def __init__(
+        self,
+        parameters: list[torch.nn.Parameter],
+        *,
+        group: Group | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        check: bool = True,
+        name: str = "hethpc.sync.bucket",
+    ) -> None:
+        params = [p for p in parameters if p.requires_grad][::-1]
+        if not params:
+            raise ValueError("no parameter requires a gradient")
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) != 1:
+            raise ValueError(
+                f"overlapped buckets need one dtype and device, got {sorted(map(str, kinds))}; "
+                "turn overlap off for mixed-precision models"
+            )
+        self.group, self.check, self.name = group, check, name
+        self.params = params
+        n = sum(p.numel() for p in params)
+        extra = 3 if check else 0
+        self.flat = torch.empty(n + extra, dtype=params[0].dtype, device=params[0].device)
+        self.row = self.flat[n:]
+        self.views: list[torch.Tensor] = []
+        self.bucket_of: list[int] = []
+        self.bounds: list[tuple[int, int]] = []  # element range of each bucket
+        per = max(1, bucket_bytes // self.flat.element_size())
+        offset, start = 0, 0
+        for p in params:
+            self.views.append(self.flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+            self.bucket_of.append(len(self.bounds))
+            if offset - start >= per:
+                self.bounds.append((start, offset))
+                start = offset
+        if start < offset or not self.bounds:
+            self.bounds.append((start, offset))
+        self.bounds[-1] = (self.bounds[-1][0], n + extra)  # the weight check rides last
+        self.bucket_of = [min(b, len(self.bounds) - 1) for b in self.bucket_of]
+        self._sizes = np.bincount(self.bucket_of, minlength=len(self.bounds))
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
+        self._armed = False
+        self._scale = 1.0
+        self._weight: float | None = None
+        self._seen = np.zeros(len(params), dtype=bool)
+        self._filled = np.zeros(len(self.bounds), dtype=np.int64)
+        self._pending: list[Pending] = []
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of the gradients (the weight check's elements excluded)."""
+        return sum(p.numel() for p in self.params) * self.flat.element_size()
+
+    def arm(self, weight: float | None) -> None:
+        """Get ready for the next backward pass, with this rank's weight for this step."""
+        if self._armed:  # the last step was skipped after its backward: let its sums land
+            for pending in self._pending:
+                pending.wait()
+        n = comm.size() if self.group is None else self.group.size
+        self._weight = weight
+        share = 1.0 / n if weight is None else float(weight)
+        self._scale = share if check_weight(weight) else 0.0
+        self._seen[:] = False
+        self._filled[:] = 0
+        self._pending = []
+        self._armed = True
+
+    @property
+    def armed(self) -> bool:
+        """Whether :meth:`arm` was called and :meth:`finish` not yet."""
+        return self._armed
+
+    def _arrived(self, p: torch.Tensor) -> None:
+        if not self._armed:
+            return
+        i = self._index[id(p)]
+        if self._seen[i]:
+            self._armed = False
+            raise SyncError(
+                "a parameter's gradient arrived twice in one armed step (several backward "
+                "passes accumulate into one step): overlapping the allreduce needs one backward "
+                "per step; turn overlap off to accumulate"
+            )
+        self._seen[i] = True
+        self._take(i)
+        b = self.bucket_of[i]
+        self._filled[b] += 1
+        self._fire_ready()
+
+    def _take(self, i: int) -> None:
+        """Put this rank's scaled gradient of parameter ``i`` into its slice."""
+        p, view = self.params[i], self.views[i]
+        g = p.grad
+        if g is None:
+            view.zero_()
+        elif g.data_ptr() == view.data_ptr():
+            if self._scale != 1.0:
+                view.mul_(self._scale)
+        else:
+            torch.mul(g, self._scale, out=view)
+        p.grad = view
+
+    def _fire_ready(self) -> None:
+        # In order: bucket k starts only after buckets 0..k-1 (the same order on every rank);
+        # the last one waits for finish(), which writes the weight check into it.
+        while (
+            len(self._pending) < len(self.bounds) - 1
+            and self._filled[len(self._pending)] == self._sizes[len(self._pending)]
+        ):
+            self._fire(len(self._pending))
+
+    def _fire(self, b: int) -> None:
+        lo, hi = self.bounds[b]
+        self._pending.append(
+            comm.allreduce_async_(
+                self.flat[lo:hi], ReduceOp.SUM, group=self.group, name=f"{self.name}.{b}"
+            )
+        )
+
+    def finish(self) -> None:
+        """Send what the hooks did not (parameters without a gradient, the last bucket), wait
+        for every bucket, and check the weights.
+
+        Raises:
+            SyncError: on every rank, when the weights are inconsistent (with ``check``).
+        """
+        if not self._armed:
+            raise SyncError("GradientBuckets.finish() without arm() before the backward pass")
+        for i in np.flatnonzero(~self._seen):
+            self._seen[i] = True
+            self._take(int(i))
+            self._filled[self.bucket_of[i]] += 1
+        self._fire_ready()
+        if self.check:
+            self.row.copy_(torch.tensor(_weight_row(self._weight), dtype=self.row.dtype))
+        self._fire(len(self.bounds) - 1)
+        for pending in self._pending:
+            pending.wait()
+        self._armed = False
+        if self.check:
+            n = comm.size() if self.group is None else self.group.size
+            tolerance = max(WEIGHT_TOLERANCE, 4 * n * torch.finfo(self.row.dtype).eps)
+            if _weights_wrong(self.row.tolist(), n, tolerance):
+                table = comm.allgather_array(np.array(_weight_row(self._weight)), self.group)
+                raise SyncError(_weight_message(table, tolerance))
+
+    def remove(self) -> None:
+        """Detach the hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
