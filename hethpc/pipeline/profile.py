@@ -147,19 +147,20 @@ def _measure(
     no_grad_upto = trainable.index(True) if True in trainable else len(model) - 1
     with_grad: list[list[float]] = [[] for _ in model]
     first: list[list[float]] = [[] for _ in model]
-    x = sample
-    for k, layer in enumerate(model):
-        with _on(layer, dev):  # one layer at a time on the device: the model may not fit
-            grads: dict[bool, torch.Tensor] = {}
-            for run in range(repeats + 1):  # the first is a warm-up
-                y = _timed(layer, x, x.is_floating_point(), grads, with_grad[k], run > 0, dev)
-                if k <= no_grad_upto:  # as on the first stage: the input needs no gradient
-                    _timed(layer, x, False, grads, first[k], run > 0, dev)
-            layer.zero_grad(set_to_none=True)
-        x = y
+    grads: dict[tuple[int, bool], torch.Tensor] = {}
     loss_t: list[float] = []
-    if loss_fn is not None and target is not None:
-        for run in range(repeats + 1):
+    # Each run walks every layer, so that the host's drifting speed (10-30 % within seconds
+    # on a shared machine) hits all layers alike instead of those timed last.
+    for run in range(repeats + 1):  # the first is a warm-up
+        x = sample
+        for k, layer in enumerate(model):
+            with _on(layer, dev):  # one layer at a time on the device: the model may not fit
+                y = _timed(layer, x, x.is_floating_point(), grads, k, with_grad[k], run, dev)
+                if k <= no_grad_upto:  # as on the first stage: the input needs no gradient
+                    _timed(layer, x, False, grads, k, first[k], run, dev)
+                layer.zero_grad(set_to_none=True)
+            x = y
+        if loss_fn is not None and target is not None:
             out = x.detach().requires_grad_(x.is_floating_point())
             _sync(dev)
             t0 = time.perf_counter()
@@ -190,23 +191,24 @@ def _timed(
     layer: nn.Module,
     x: torch.Tensor,
     input_grad: bool,
-    grads: dict[bool, torch.Tensor],
+    grads: dict[tuple[int, bool], torch.Tensor],
+    k: int,
     into: list[float],
-    record: bool,
+    run: int,
     dev: torch.device,
 ) -> torch.Tensor:
-    """``layer(x)`` forward and backward, its seconds appended to ``into`` if ``record``;
-    returns the output."""
+    """``layer(x)`` forward and backward, its seconds appended to ``into`` after the warm-up
+    run 0; returns the output."""
     x_in = x.detach().requires_grad_(input_grad)
     _sync(dev)
     t0 = time.perf_counter()
     y = layer(x_in)
     if y.requires_grad:
-        if input_grad not in grads:  # made in the warm-up run, outside the timed runs
-            grads[input_grad] = torch.ones_like(y)
-        y.backward(grads[input_grad])
+        if (k, input_grad) not in grads:  # made in the warm-up run, outside the timed runs
+            grads[k, input_grad] = torch.ones_like(y)
+        y.backward(grads[k, input_grad])
     _sync(dev)
-    if record:
+    if run > 0:
         into.append(time.perf_counter() - t0)
     return y.detach()
 
