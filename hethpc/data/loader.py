@@ -240,6 +240,11 @@ class Loader:
         at places computed once per epoch."""
         assert isinstance(self.dataset, ShardedDataset)
         n = self.length
+        e, off = divmod(start, n)
+        where = self._offsets.get(e)
+        if where is not None and off + count <= n:  # the usual batch: inside one epoch
+            order = self._order(e)[0]
+            return self.dataset._read_offsets(where[off : off + count], order[off : off + count])
         idx, offs = [], []
         while count > 0:
             e, off = divmod(start, n)

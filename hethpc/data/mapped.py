@@ -130,6 +130,7 @@ class MappedShards:
         self.even = bool((np.asarray(counts)[:-1] % self.chunk == 0).all())
         self.region: FileRegion | None = None
         self.at = np.full(len(self.shard_of), -1, dtype=np.int64)  # -1: shard not mapped
+        self.complete = not len(self.file_sizes)  # every shard file is mapped
 
     def map(self, shard: int, x: Any, path: str | os.PathLike[str]) -> bool:
         """Map ``shard``'s file, whose HDF5 dataset of samples is ``x``, and note where its
@@ -162,6 +163,7 @@ class MappedShards:
         except (OSError, ValueError, KeyError, RuntimeError):
             return False
         self.at[first : first + nchunks] = where + self.region.starts[shard]
+        self.complete = all(self.region.mapped)
         return True
 
     def rows(self, shard: int, a: int, b: int) -> np.ndarray:
@@ -171,11 +173,6 @@ class MappedShards:
         assert self.region is not None
         rows = self.region.data[at : at + (b - a) * self.row_bytes]
         return rows.view(self.dtype).reshape(b - a, *self.sample_shape)
-
-    @property
-    def complete(self) -> bool:
-        """Every shard file is mapped."""
-        return self.region is not None and all(self.region.mapped)
 
     def offsets(self, idx: np.ndarray) -> np.ndarray | None:
         """Byte offsets in the region of the samples at global indices ``idx`` (checked), for
@@ -191,8 +188,8 @@ class MappedShards:
         return at
 
     def read(self, offsets: np.ndarray) -> np.ndarray:
-        """The samples at ``offsets`` (from :meth:`offsets`; the region :attr:`complete`), in
-        that order, by one gather."""
+        """The samples at ``offsets`` (from :meth:`offsets`; every shard mapped:
+        ``complete``), in that order, by one gather."""
         assert self.region is not None
         rows = self.region.rows(self.row_bytes)[offsets]
         return rows.view(self.dtype).reshape(len(offsets), *self.sample_shape)
