@@ -50,6 +50,9 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
     "bench_loader": {
         "loader_vs_raw": (">= 0.7 (raw contiguous h5py reads)", lambda v: v >= 0.7),
         "loader_vs_naive": (">= 10 (per-sample Dataset + DataLoader)", lambda v: v >= 10),
+        "loader_vs_memmap_shuffled": (
+            ">= 0.9 (numpy memmap, the same shuffled order)", lambda v: _ge(v, 0.9)
+        ),
     },
     "bench_dynbatch": {
         "speedup": (">= 1.8 (uniform / dynamic epoch time, 3x slowdown)", lambda v: v >= 1.8),
@@ -65,6 +68,10 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
     "bench_pipeline": {
         "speedup": (">= 1.6 (2-stage pipeline / one rank; ideal 1.78)", lambda v: v >= 1.6),
         "peak_1f1b_flat_in_m": ("true", lambda v: v is True),
+        "speedup_best": (">= 1.75 (hethpc's best schedule / one rank)", lambda v: _ge(v, 1.75)),
+        "hethpc_best_over_torch_best": (
+            ">= 1.1 (torch.distributed.pipelining's best schedule)", lambda v: _ge(v, 1.1)
+        ),
     },
     "bench_tta": {
         "goals.demo_time_ratio": (
