@@ -139,3 +139,13 @@ def stretch(elapsed_s: float, factor: float, *, mode: str = "sleep") -> None:
     a = torch.ones(_BUSY_SIDE, _BUSY_SIDE)
     while time.perf_counter() < deadline:
         torch.mm(a, a)  # tens of microseconds each: the deadline is met that closely
+
+
+def pace(t0: float, seconds: float) -> bool:
+    """Sleep until ``seconds`` after ``t0`` (a ``time.perf_counter()`` reading); False when
+    that moment had already passed."""
+    left = t0 + seconds - time.perf_counter()
+    if left <= 0:
+        return False
+    time.sleep(left)
+    return True
