@@ -404,13 +404,11 @@ def run_training(
                     assert loss is not None
                     # BSP: a NaN/Inf travels in the gradient allreduce and the guard skips the
                     # update on every rank alike; ranks are named (a vote) only when it trips.
-                    grads = [p.grad for p in params]
-                    poison_if_nonfinite_(loss, grads)
-                    mine = [g for g in grads if g is not None] or [loss.detach().reshape(1)]
-                    local_bad = ~torch.isfinite(torch.stack(torch._foreach_norm(mine)).sum())
+                    poison_if_nonfinite_(loss, [p.grad for p in params])
                     record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
-                    if guard.tripped:
-                        bad = nonfinite_ranks(bool(local_bad)) or list(range(size))
+                    if guard.tripped:  # name the ranks by their loss (no pass over gradients
+                        # on every step); a NaN gradient under a finite loss names them all
+                        bad = nonfinite_ranks(not bool(torch.isfinite(loss))) or list(range(size))
                 else:
                     here = loss if loss is not None else 0.0
                     mine_bad = local_nonfinite(here, (p.grad for p in params))
