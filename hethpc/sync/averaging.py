@@ -286,18 +286,25 @@ class _GradientBuffer:
     def pack_(self, params: list[torch.nn.Parameter], scale: float) -> None:
         """Put ``scale * grad`` of each parameter into its slice and make ``.grad`` that slice."""
         for p, view in zip(params, self.views, strict=True):
-            g = p.grad
-            if g is None:
-                view.zero_()
-            elif g.data_ptr() == view.data_ptr() and g.shape == view.shape:
-                if scale != 1.0:
-                    view.mul_(scale)  # accumulated in place into our slice last time
-                continue
-            elif scale == 1.0:
-                view.copy_(g)
-            else:
-                torch.mul(g, scale, out=view)
-            p.grad = view
+            put_scaled_grad_(p, view, scale)
+
+
+def put_scaled_grad_(p: torch.nn.Parameter, view: torch.Tensor, scale: float) -> None:
+    """Make ``p.grad`` the slice ``view`` of a flat buffer, holding ``scale`` times the
+    gradient (zeros without one); a gradient accumulated in place into ``view`` is scaled
+    there, not copied."""
+    g = p.grad
+    if g is None:
+        view.zero_()
+    elif g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+        if scale != 1.0:
+            view.mul_(scale)
+        return
+    elif scale == 1.0:
+        view.copy_(g)
+    else:
+        torch.mul(g, scale, out=view)
+    p.grad = view
 
 
 # Gradient buffers by collective name and parameters, most recent last (a few per job).

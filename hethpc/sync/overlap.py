@@ -13,6 +13,7 @@ from hethpc.sync.averaging import (
     _weight_row,
     _weights_wrong,
     check_weight,
+    put_scaled_grad_,
 )
 from hethpc.sync.errors import SyncError
 
@@ -142,16 +143,7 @@ class GradientBuckets:
 
     def _take(self, i: int) -> None:
         """Put this rank's scaled gradient of parameter ``i`` into its slice."""
-        p, view = self.params[i], self.views[i]
-        g = p.grad
-        if g is None:
-            view.zero_()
-        elif g.data_ptr() == view.data_ptr():
-            if self._scale != 1.0:
-                view.mul_(self._scale)
-        else:
-            torch.mul(g, self._scale, out=view)
-        p.grad = view
+        put_scaled_grad_(self.params[i], self.views[i], self._scale)
 
     def _fire_ready(self) -> None:
         # In order: bucket k starts only after buckets 0..k-1 (the same order on every rank);
