@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _training import gradients
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +94,7 @@ from hethpc.batching.figures import (  # noqa: E402
 from hethpc.batching.slowdown import pace  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import cnn1d  # noqa: E402
+from hethpc.train import evaluate  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -158,14 +160,6 @@ def say(*parts: object) -> None:
         print(*parts, flush=True)
 
 
-def accuracy(model: nn.Module, data: ArrayDataset) -> float:
-    model.eval()
-    with torch.no_grad():
-        pred = model(torch.from_numpy(data.x)).argmax(1).numpy()
-    model.train()
-    return float((pred == data.y).mean())
-
-
 class Run:
     """One training run (its own model, optimiser and controller), advanced an epoch or a few
     steps at a time so that two runs can be interleaved epoch by epoch."""
@@ -214,9 +208,7 @@ class Run:
         idx = self._perm[lo : lo + b]
         x, y = torch.from_numpy(self.train_set.x[idx]), torch.from_numpy(self.train_set.y[idx])
         t0 = time.perf_counter()
-        loss = self.loss_fn(self.model(x), y)
-        self.opt.zero_grad()
-        loss.backward()
+        gradients(self.model, self.opt, x, y, self.loss_fn)
         if self.args.paced and not pace(t0, b * self.args.paced):
             self.late += 1
         compute_s = self.ctl.timer_stop(t0)
@@ -239,7 +231,7 @@ class Run:
             self._one_step()
         comm.barrier()
         self.epoch_s.append(time.perf_counter() - t0)
-        self.accuracy.append(accuracy(self.model, self.test_set))
+        self.accuracy.append(evaluate(self.model, self.test_set))
         say(
             f"  {self.mode:8s} epoch {len(self.epoch_s)}: {self.epoch_s[-1]:.2f} s, test accuracy "
             f"{100 * self.accuracy[-1]:.1f}%, sizes {self.ctl.batch_sizes.tolist()}"

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 from _launch import relaunch, under_mpi
+from _training import policy_step
 from torch import nn
 
 from hethpc import comm
@@ -70,12 +71,8 @@ def run(
         comm.barrier()
         t0 = time.perf_counter()
         for x, y in data:
-            c0 = time.perf_counter()
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            compute += time.perf_counter() - c0
-            policy.step(model, opt, compute_s=time.perf_counter() - c0)
+            loss, compute_s = policy_step(model, opt, policy, x, y)
+            compute += compute_s
         comm.barrier()
         epochs.append(time.perf_counter() - t0)
         if comm.rank() == 0:

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from _training import policy_step
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, Injector, LabelSkewPartitioner, Loader, load_mnist1d
 from hethpc.models import build_model
 from hethpc.sync import make_policy
+from hethpc.train import evaluate
 
 METHODS = {
     "iid": ["bsp", "selsync", "selsync:previous", "selsync:window", "fedavg", "fedavg:22", "local"],
@@ -90,14 +91,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def evaluate(model: nn.Module, data: ArrayDataset) -> float:
-    model.eval()
-    with torch.no_grad():
-        pred = model(torch.from_numpy(data.x)).argmax(1).numpy()
-    model.train()
-    return float((pred == data.y).mean())
-
-
 def train_one(
     method: str, setting: str, args: argparse.Namespace, train: ArrayDataset, test: ArrayDataset
 ) -> dict[str, Any]:
@@ -142,9 +135,7 @@ def train_one(
             x, y = loader.next_batch(sizes)
             if injector is not None:
                 x, y = injector.exchange(x, y, step)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            policy.step(model, opt)
+            policy_step(model, opt, policy, x, y)
             step += 1
     before = evaluate(model, test)  # rank 0's replica before the final average
     policy.finish(model)
