@@ -56,12 +56,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
 
 import torch
 from _launch import relaunch, under_mpi
+from _pipeline_figures import result, timings
+from _torch_pipelining import PEERS, make_peers, time_peer
+from _training import timed_steps
 from torch import nn
 
 from hethpc import comm
@@ -70,21 +72,9 @@ from hethpc.pipeline import (
     LayerProfile,
     Pipeline,
     StepStats,
-    bubble_fraction,
     partition_by_params,
     profile_layers,
-    split_model,
 )
-
-# torch.distributed.pipelining's schedules beside hethpc's: (class name, chunks of the model,
-# chunk indices each rank holds). Interleaved: rank r holds chunks r and r+2; V: 0,3 and 1,2.
-PEERS = {
-    "torch-gpipe": ("ScheduleGPipe", 2, ((0,), (1,))),
-    "torch-1f1b": ("Schedule1F1B", 2, ((0,), (1,))),
-    "torch-interleaved-1f1b": ("ScheduleInterleaved1F1B", 4, ((0, 2), (1, 3))),
-    "torch-interleaved-zb": ("ScheduleInterleavedZeroBubble", 4, ((0, 2), (1, 3))),
-    "torch-zbv": ("ScheduleZBVZeroBubble", 4, ((0, 3), (1, 2))),
-}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -145,14 +135,7 @@ def say(*args: object) -> None:
 
 def time_single(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    out = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        out.append(time.perf_counter() - t0)
-    return out
+    return timed_steps(opt, lambda: loss_fn(model(x), y).backward(), steps)
 
 
 def time_alone(
@@ -173,70 +156,16 @@ def time_alone(
 def time_pipeline(
     pipe: Pipeline, x: torch.Tensor, y: torch.Tensor, steps: int
 ) -> tuple[list[float], list[StepStats]]:
+    """Each step after a barrier (the ranks start together, as in training where the data
+    arrives together): zero_grad, the pipeline's step, the optimizer's step."""
     opt = torch.optim.SGD(pipe.parameters(), lr=1e-4)
-    times, stats = [], []
-    for _ in range(steps):
-        comm.barrier()  # each step starts together, as in training where the data arrives together
-        t0 = time.perf_counter()
-        opt.zero_grad()
+    stats: list[StepStats] = []
+
+    def step() -> None:
         pipe.train_step(x, y, loss_fn)
-        opt.step()
-        times.append(time.perf_counter() - t0)
         stats.append(pipe.stats)
-    return times, stats
 
-
-class TorchPipe:
-    """This rank's part of a ``torch.distributed.pipelining`` schedule over the same model."""
-
-    def __init__(self, name: str, model: nn.Sequential, m: int) -> None:
-        from torch.distributed import pipelining
-
-        cls_name, chunks, held = PEERS[name]
-        parts = split_model(model, [len(model) // chunks] * chunks)
-        mine = held[comm.rank()]
-        stages = [pipelining.PipelineStage(parts[i], i, chunks, torch.device("cpu"))
-                  for i in mine]  # fmt: skip
-        cls = getattr(pipelining, cls_name)
-        self.schedule = cls(stages[0] if len(stages) == 1 else stages, m, loss_fn=loss_fn)
-        self.is_first, self.is_last = 0 in mine, chunks - 1 in mine
-        self.params = [p for i in mine for p in parts[i].parameters()]
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One batch; the schedule averages the micro-batch losses' gradients (mean loss)."""
-        args = (x,) if self.is_first else ()
-        if self.is_last:
-            self.schedule.step(*args, target=y, losses=[])
-        else:
-            self.schedule.step(*args)
-
-
-def init_torch_distributed() -> None:
-    """A gloo process group over the MPI world (rank 0 picks a free port and broadcasts it)."""
-    import torch.distributed as dist
-
-    port = None
-    if comm.rank() == 0:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-    port = comm.broadcast_object(port)
-    dist.init_process_group("gloo", rank=comm.rank(), world_size=comm.size(),
-                            init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
-
-
-def time_peer(peer: TorchPipe, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
-    """As :func:`time_pipeline`: a barrier, then zero_grad, the step and the optimizer's step."""
-    opt = torch.optim.SGD(peer.params, lr=1e-4)
-    times = []
-    for _ in range(steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        peer.train_step(x, y)
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return times
+    return timed_steps(opt, step, steps, barrier=True), stats
 
 
 def breakdown(stats: list[StepStats], m: int) -> dict[str, float]:
@@ -282,13 +211,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
                     stage_group=comm.world(), progress_interval=interval, split_backward=split)
         for k, (s, split) in variants.items()
     }
-    names = [] if args.peers == "none" else [k for k in args.peers.split(",") if k]
-    unknown = sorted(set(names) - set(PEERS))
-    if unknown:
-        raise SystemExit(f"unknown --peers {unknown}; choose from {', '.join(PEERS)} or 'none'")
-    if names:
-        init_torch_distributed()
-    peers = {k: TorchPipe(k, make_model(w, L), m) for k in names}
+    peers = make_peers(args.peers, lambda: make_model(w, L), m, loss_fn)
     say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread")
     # Warm-up, then alternate rounds so that drifting machine load hits both sides alike.
     time_single(single_model, x, y, 1)
@@ -325,41 +248,12 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         **{s: [med(t) for t in v] for s, v in pipe_t.items()},
         **{f"stage_{s}": breakdown(v, m) for s, v in pipe_stats.items()},
     }
-    timed = [*pipes, *peers]
     all_ranks = comm.allgather_object(mine)
-    # Per round: one rank's time is the mean rank's; the pipeline goes at its slowest rank's
-    # pace. The machine's speed drifts by 10-30 % within seconds, so the speedup is the median
-    # of the rounds' own ratios (single and pipeline measured seconds apart), not a ratio of
-    # medians taken minutes apart.
-    rounds = range(args.rounds)
-    single_r = [statistics.mean(d["single"][r] for d in all_ranks) for r in rounds]
-    step_r = {s: [max(d[s][r] for d in all_ranks) for r in rounds] for s in timed}
-    ratio_r = {s: [a / b for a, b in zip(single_r, v, strict=True)] for s, v in step_r.items()}
-    single_s = med(single_r)
-    alone_s = med([t for d in all_ranks for t in d["alone"]])
-    step_s = {s: med(v) for s, v in step_r.items()}
-    # The best schedule of each side by its speedup (as above, the median of the rounds' own
-    # ratios); then their ratio per round.
-    best = max(["1f1b", "gpipe", "zb"], key=lambda s: med(ratio_r[s]))
-    torch_best = max(peers, key=lambda s: med(ratio_r[s])) if peers else None
-    over_torch = (
-        med([t / h for h, t in zip(step_r[best], step_r[torch_best], strict=True)])
-        if torch_best is not None else None
-    )
-    stages = {s: [d[f"stage_{s}"] for d in all_ranks] for s in pipes}
-    idle = {s: statistics.mean(b["idle"] for b in stages[s]) for s in pipes}
+    fig = timings(all_ranks, rounds=args.rounds, m=m, pipes=list(pipes), peers=list(peers))
     for s in pipes:
-        for k, b in enumerate(stages[s]):
+        for k, b in enumerate(fig.stages[s]):
             say(f"{s} stage {k}: F {b['f_ms']:.2f} ms/micro-batch, B {b['b_ms']:.2f}, "
                 f"waiting {b['wait_ms']:.1f} ms/step of {b['step_ms']:.1f}, idle {b['idle']:.3f}")
-    # The best 2-stage step the measured stage speeds allow: the slower stage busy all along,
-    # plus the other stage's first forward and last backward (P=2).
-    (f0, b0), (f1, b1) = ((b["f_ms"], b["b_ms"]) for b in stages["1f1b"])
-    bound_ms = max(f0 + m * (f1 + b1) + b0, m * (f0 + b0) + f1 + b1)
-    # No schedule beats one rank by more than the whole model's time over the slowest stage's
-    # (per micro-batch, as the stages computed in zb, the best table here).
-    single_mb_ms = single_s / m * 1e3
-    share = [(b["f_ms"] + b["b_ms"]) / single_mb_ms for b in stages["zb"]]
 
     memory: dict[str, list[float]] = {"1f1b": [], "gpipe": [], "zb": []}
     ms = [int(v) for v in args.memory_ms.split(",")]
@@ -377,75 +271,17 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             f"1f1b {memory['1f1b'][-1]:.2f} MiB, gpipe {memory['gpipe'][-1]:.2f} MiB, "
             f"zb {memory['zb'][-1]:.2f} MiB")
 
-    single_sps = B / single_s
-    alone_sps = B / alone_s
-    pipe_sps = B / step_s["1f1b"]
-    speedup = med(ratio_r["1f1b"])
-    speedup_best = med(ratio_r[best])
-    say(f"hethpc best: {best} {speedup_best:.3f}x one rank; torch best: {torch_best}"
-        + (f", hethpc best / torch best {over_torch:.3f}" if over_torch is not None else ""))
-    return {
-        "stages": 2,
-        "balance_by": args.balance,
-        "balance": list(balance),
-        "predicted_stage_ms_per_micro_batch": [round(t * 1e3, 2) for t in predicted],
-        "predicted_whole_ms_per_micro_batch": round(profile.whole_s * 1e3, 2),
-        "predicted_speedup_bound": round(profile.whole_s / max(predicted), 3),
-        "stage_share_of_single_zb": [round(v, 3) for v in share],
-        "speedup_bound_slowest_stage_zb": round(1 / max(share), 3),
-        "micro_batches": m,
-        "batch": B,
+    say(f"hethpc best: {fig.best} {med(fig.ratio_r[fig.best]):.3f}x one rank; torch best: "
+        f"{fig.torch_best}" + (f", hethpc best / torch best {fig.over_torch:.3f}"
+                               if fig.over_torch is not None else ""))  # fmt: skip
+    run = {
         "progress_interval": interval,
         "progress_interval_used_s": pipes["1f1b"].current_progress_interval,
         "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
-        "single_rank_samples_per_s": round(single_sps, 2),
-        "single_rank_alone_samples_per_s": round(alone_sps, 2),
-        "two_independent_loops_samples_per_s": round(2 * single_sps, 2),
-        "pipeline_samples_per_s": round(pipe_sps, 2),
-        "pipeline_gpipe_samples_per_s": round(B / step_s["gpipe"], 2),
-        "speedup": round(speedup, 3),
-        "speedup_each_round": [round(v, 3) for v in ratio_r["1f1b"]],
-        "speedup_of_medians": round(pipe_sps / single_sps, 3),
-        "speedup_gpipe": round(med(ratio_r["gpipe"]), 3),
-        "speedup_1f1b_unsplit_backward": round(med(ratio_r["1f1b-unsplit"]), 3),
-        "pipeline_zb_samples_per_s": round(B / step_s["zb"], 2),
-        "speedup_zb": round(med(ratio_r["zb"]), 3),
-        "speedup_zb_each_round": [round(v, 3) for v in ratio_r["zb"]],
-        "idle_fraction_zb": round(idle["zb"], 4),
-        "stage_wait_ms_per_step_zb": [round(b["wait_ms"], 1) for b in stages["zb"]],
-        "hethpc_best": best,
-        "speedup_best": round(speedup_best, 3),
-        "torch_samples_per_s": {s: round(B / step_s[s], 2) for s in peers},
-        "speedup_torch": {s: round(med(ratio_r[s]), 3) for s in peers},
-        "torch_best": torch_best,
-        "hethpc_best_over_torch_best": None if over_torch is None else round(over_torch, 3),
-        "goal_speedup_best": 1.75,
-        "goal_speedup_best_met": speedup_best >= 1.75,
-        "goal_over_torch_best": 1.1,
-        "goal_over_torch_best_met": None if over_torch is None else over_torch >= 1.1,
-        "split_backward_gain": round(
-            med([a / b for a, b in zip(step_r["1f1b-unsplit"], step_r["1f1b"], strict=True)]), 3
-        ),
-        "speedup_vs_alone": round(pipe_sps / alone_sps, 3),
-        "share_of_two_loops": round(speedup / 2, 3),
-        "speedup_goal": 1.6,
-        "speedup_ideal": round(2 * m / (m + 1), 3),
-        "speedup_bound_from_stage_speeds": round(single_s * 1e3 / bound_ms, 3),
-        "stage_forward_ms_per_micro_batch": [round(b["f_ms"], 2) for b in stages["1f1b"]],
-        "stage_backward_ms_per_micro_batch": [round(b["b_ms"], 2) for b in stages["1f1b"]],
-        "single_ms_per_micro_batch": round(single_mb_ms, 2),
-        "stage_wait_ms_per_step": [round(b["wait_ms"], 1) for b in stages["1f1b"]],
-        "stage_idle_fraction": [round(b["idle"], 4) for b in stages["1f1b"]],
-        "idle_fraction": round(idle["1f1b"], 4),
-        "idle_fraction_gpipe": round(idle["gpipe"], 4),
-        "idle_fraction_theory": round(bubble_fraction(2, m), 4),
-        "memory_micro_batches": ms,
-        "memory_rows_per_micro_batch": args.memory_rows,
-        "peak_activation_mib_1f1b": memory["1f1b"],
-        "peak_activation_mib_gpipe": memory["gpipe"],
-        "peak_activation_mib_zb": memory["zb"],
-        "peak_1f1b_flat_in_m": len(set(memory["1f1b"])) == 1,
     }
+    return result(fig, batch=B, m=m, balance_by=args.balance, balance=list(balance),
+                  profile=profile, predicted=list(predicted), run=run, memory=memory,
+                  memory_ms=ms, memory_rows=args.memory_rows)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
