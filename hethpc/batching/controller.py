@@ -41,16 +41,9 @@ class BatchController:
             ``weights``) or ``"uniform"`` (equal sizes).
         weights: per-rank weights (e.g. core counts) for the first sizes (dynamic) or the fixed
             sizes (static); None for equal sizes.
-        interval: steps between control decisions (dynamic).
-        deadband: adopt new sizes only when the largest relative change exceeds this (5 %).
-        min_change: also hold unless some rank's size moves by more than this many samples
-            (a one-sample move is rounding noise; 0 disables).
-        window: most steps of the per-sample time estimate (at the current sizes).
-        noise_z: standard errors of the measurement a size change (and a change of a rank's
-            speed) must exceed; 3 holds the sizes still under 25 % per-step timing noise.
-        trim: fraction of the window's times dropped at each end (spikes), in [0, 0.5).
-        b_min: smallest batch of a rank, an int or one per rank (>= 1).
-        b_max: largest batch of a rank, an int or one per rank; None for no bound.
+        interval, deadband, min_change, window, noise_z, trim, b_min, b_max: the control
+            settings (``interval`` applies to mode dynamic), documented with their defaults in
+            :class:`ControlSettings`.
         probe_steps: if > 0, the first decision comes after this many steps (at the start
             sizes) and is adopted whatever its change; then every ``interval`` steps.
         slowdown: emulated heterogeneity applied in :meth:`timer_stop`: a

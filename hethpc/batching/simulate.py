@@ -166,14 +166,9 @@ def simulate(
         spike_factor: the size of a spike (a descheduled step).
         seed: the noise's seed.
         start: the first sizes (default: uniform).
-        interval: steps between decisions.
-        deadband: see :func:`decide`.
-        min_change: see :func:`decide`.
-        window: see :class:`TimeEstimator`.
-        noise_z: see :func:`decide` (``z``) and :class:`TimeEstimator` (``z``).
-        trim: see :class:`TimeEstimator`.
-        b_min: see :func:`allocate`.
-        b_max: see :func:`allocate`.
+        interval, deadband, min_change, window, noise_z, trim, b_min, b_max: the control
+            settings, as for :class:`BatchController`, documented with their defaults in
+            :class:`ControlSettings`.
         settings: all of ``interval`` .. ``b_max`` at once (the controller's
             :class:`ControlSettings`); when given, those keywords are ignored.
     """

@@ -140,12 +140,12 @@ class Pipeline:
     @property
     def is_first(self) -> bool:
         """Whether this rank runs the first stage (it needs the inputs)."""
-        return self.stage == 0
+        return self._stage.is_first
 
     @property
     def is_last(self) -> bool:
         """Whether this rank runs the last stage (it needs the targets; it has the loss)."""
-        return self.stage == self.stages - 1
+        return self._stage.is_last
 
     @property
     def current_progress_interval(self) -> float | None:

@@ -37,6 +37,12 @@ def _check(stages: int, micro_batches: int) -> None:
         )
 
 
+def _warm_up(stages: int, stage: int, micro_batches: int) -> tuple[int, list[tuple[int, str]]]:
+    """1F1B's warm-up on ``stage``: ``P-1-stage`` forwards (at most m), and their passes."""
+    warm = min(stages - 1 - stage, micro_batches)
+    return warm, [(i, FORWARD) for i in range(warm)]
+
+
 def gpipe_order(stages: int, micro_batches: int) -> list[list[tuple[int, str]]]:
     """GPipe: every stage runs all forwards, then all backwards (last micro-batch first)."""
     _check(stages, micro_batches)
@@ -54,8 +60,7 @@ def one_f_one_b_order(stages: int, micro_batches: int) -> list[list[tuple[int, s
     m = micro_batches
     out = []
     for s in range(stages):
-        warm = min(stages - 1 - s, m)
-        order = [(i, FORWARD) for i in range(warm)]
+        warm, order = _warm_up(stages, s, m)
         for i in range(m - warm):
             order += [(warm + i, FORWARD), (i, BACKWARD)]
         order += [(i, BACKWARD) for i in range(m - warm, m)]
@@ -78,8 +83,7 @@ def zero_bubble_order(stages: int, micro_batches: int) -> list[list[tuple[int, s
     m = micro_batches
     out = []
     for s in range(stages):
-        warm = min(stages - 1 - s, m)
-        order = [(i, FORWARD) for i in range(warm)]
+        warm, order = _warm_up(stages, s, m)
         w = 0  # the next micro-batch whose W is pending
         for k in range(m):  # the k-th B, after the steady state's F
             if warm + k < m:
