@@ -10,19 +10,13 @@ microseconds where a Horovod collective waits for its background cycle (about 1 
 
 from __future__ import annotations
 
+from hethpc.comm.broadcast import broadcast_model, broadcast_optimizer_state
 from hethpc.comm.collectives import (
     Pending,
     ReduceOp,
-    allgather_array,
-    allgather_object,
     allreduce,
     allreduce_,
-    allreduce_array,
     allreduce_async_,
-    barrier,
-    broadcast_model,
-    broadcast_object,
-    broadcast_optimizer_state,
     grouped_allreduce,
     grouped_allreduce_,
 )
@@ -36,6 +30,13 @@ from hethpc.comm.link import (
     link_stats,
     parse_link,
     set_link,
+)
+from hethpc.comm.objects import (
+    allgather_array,
+    allgather_object,
+    allreduce_array,
+    barrier,
+    broadcast_object,
 )
 from hethpc.comm.p2p import (
     RecvRequest,

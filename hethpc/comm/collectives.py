@@ -1,4 +1,4 @@
-"""Collectives: Horovod for tensors, mpi4py for small objects, arrays and votes.
+"""Tensor collectives through Horovod: allreduce (blocking, in place, async, grouped).
 
 GPU tensors go to Horovod directly when it was built with GPU operations (NCCL or CUDA-aware
 MPI); otherwise they are staged through host memory, so any Horovod build works.
@@ -9,17 +9,13 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch
 
-from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
-from hethpc.comm.link import current_link, wait_out
+from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
-
-T = TypeVar("T")
 
 
 class ReduceOp(enum.Enum):
@@ -50,93 +46,8 @@ def _needs_staging(tensors: Sequence[torch.Tensor]) -> bool:
     return not (hvd.nccl_built() or getattr(hvd, "cuda_built", lambda: False)())
 
 
-def _emulate(t0: float, kind: str, nbytes: int, g: Group) -> None:
-    """Under link emulation (:mod:`hethpc.comm.link`), last as long as on the emulated link."""
-    link = current_link()
-    if link is None or g.size < 2:
-        return
-    seconds = {
-        "allreduce": link.allreduce_s,
-        "allgather": link.allgather_s,
-        "broadcast": link.broadcast_s,
-    }[kind](nbytes, g.size)
-    wait_out(t0, seconds, nbytes)
-
-
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def barrier(group: Group | None = None) -> None:
-    """Wait until every rank of ``group`` (default: the world) gets here."""
-    g = resolve(group)
-    if g.size > 1:
-        t0 = time.perf_counter()
-        g.mpi_comm.Barrier()
-        _emulate(t0, "allreduce", 0, g)
-
-
-def allgather_object(obj: T, group: Group | None = None) -> list[T]:
-    """Every rank's ``obj`` (small and picklable), in group-rank order, on every rank."""
-    g = resolve(group)
-    if g.size == 1:
-        return [obj]
-    t0 = time.perf_counter()
-    out = list(g.mpi_comm.allgather(obj))
-    _emulate(t0, "allgather", 0, g)  # objects: control messages, latency only
-    return out
-
-
-def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
-    """``obj`` of group rank ``root``, on every rank of the group."""
-    g = resolve(group)
-    if g.size == 1:
-        return obj
-    t0 = time.perf_counter()
-    out: T = g.mpi_comm.bcast(obj, root=root)
-    _emulate(t0, "broadcast", 0, g)  # objects: control messages, latency only
-    return out
-
-
-def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray:
-    """Stack every rank's array: shape ``[group size, *array.shape]``, on every rank.
-
-    Raises:
-        CommError: the ranks' arrays differ in shape or dtype (raised on every rank).
-    """
-    g = resolve(group)
-    a = np.ascontiguousarray(array)
-    if g.size == 1:
-        return a[None].copy()
-    metas = g.mpi_comm.allgather((a.shape, a.dtype.str))
-    if len(set(metas)) != 1:
-        detail = ", ".join(f"rank {r}: shape {s} dtype {d}" for r, (s, d) in enumerate(metas))
-        raise CommError(
-            f"allgather_array needs the same shape and dtype on every rank; got {detail}"
-        )
-    out = np.empty((g.size, *a.shape), dtype=a.dtype)
-    t0 = time.perf_counter()
-    g.mpi_comm.Allgather(a, out)
-    _emulate(t0, "allgather", a.nbytes, g)
-    return out
-
-
-def allreduce_array(
-    array: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: Group | None = None
-) -> np.ndarray:
-    """Reduce a small numpy array through mpi4py (microseconds; use it for votes and counts)."""
-    g = resolve(group)
-    a = np.ascontiguousarray(array)
-    if g.size == 1:
-        return a.copy()
-    mpi = state().mpi
-    out = np.empty_like(a)
-    t0 = time.perf_counter()
-    mpi_op = {ReduceOp.SUM: mpi.SUM, ReduceOp.AVERAGE: mpi.SUM, ReduceOp.MIN: mpi.MIN,
-              ReduceOp.MAX: mpi.MAX}[op]  # fmt: skip
-    g.mpi_comm.Allreduce(a, out, op=mpi_op)
-    _emulate(t0, "allreduce", a.nbytes, g)
-    return out / g.size if op is ReduceOp.AVERAGE else out
 
 
 def allreduce(
@@ -176,7 +87,7 @@ def allreduce(
         process_set=g.process_set,
         name=name or "hethpc.allreduce",
     )
-    _emulate(t0, "allreduce", _nbytes([tensor]), g)
+    emulate_collective(t0, "allreduce", _nbytes([tensor]), g.size)
     return result
 
 
@@ -206,7 +117,7 @@ def allreduce_(
     )
     if staged:
         tensor.copy_(target)
-    _emulate(t0, "allreduce", _nbytes([tensor]), g)
+    emulate_collective(t0, "allreduce", _nbytes([tensor]), g.size)
     return tensor
 
 
@@ -226,7 +137,7 @@ class Pending:
             self._handle = None
             if self._target is not self._tensor:
                 self._tensor.copy_(self._target)
-            _emulate(self._t0, "allreduce", _nbytes([self._tensor]), self._g)
+            emulate_collective(self._t0, "allreduce", _nbytes([self._tensor]), self._g.size)
         return self._tensor
 
 
@@ -289,7 +200,7 @@ def grouped_allreduce(
             name=name or "hethpc.grouped_allreduce",
         )
     )
-    _emulate(t0, "allreduce", _nbytes(tensors), g)
+    emulate_collective(t0, "allreduce", _nbytes(tensors), g.size)
     return results
 
 
@@ -345,50 +256,3 @@ def _flat_buffer(name: str, dtype: torch.dtype, device: torch.device, n: int) ->
     if buf is None or buf.numel() != n:
         buf = _flat_buffers[key] = torch.empty(n, dtype=dtype, device=device)
     return buf
-
-
-def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None = None) -> None:
-    """Copy ``model``'s parameters and buffers from group rank ``root`` to every group rank."""
-    g = resolve(group)
-    if g.size == 1:
-        return
-    hvd = state().hvd
-    assert hvd is not None
-    sd = model.state_dict(keep_vars=False)
-    staged = _needs_staging(list(sd.values()))
-    items = {k: (t.cpu() if staged else t) for k, t in sd.items()}
-    handles = [
-        hvd.broadcast_async_(t, g.ranks[root], name=f"hethpc.bcast.{k}", process_set=g.process_set)
-        for k, t in items.items()
-    ]
-    for h in handles:
-        hvd.synchronize(h)
-    if staged:
-        for k, t in sd.items():
-            t.copy_(items[k])
-
-
-def broadcast_optimizer_state(
-    optimizer: torch.optim.Optimizer, root: int = 0, group: Group | None = None
-) -> None:
-    """Copy ``optimizer``'s state and hyper-parameters from group rank ``root`` to every rank.
-
-    The state travels as one pickled object (mpi4py), moved to the CPU first.
-    """
-    g = resolve(group)
-    if g.size == 1:
-        return
-    sd = optimizer.state_dict() if g.rank == root else None
-    if sd is not None:
-        sd = _to_cpu(sd)
-    optimizer.load_state_dict(g.mpi_comm.bcast(sd, root=root))
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

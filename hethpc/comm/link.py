@@ -167,3 +167,16 @@ def wait_out(t0: float, emulated_s: float, nbytes: int) -> None:
     _stats.waited_s += max(extra, 0.0)
     _stats.bytes += int(nbytes)
     _stats.calls += 1
+
+
+def emulate_collective(t0: float, kind: str, nbytes: int, size: int) -> None:
+    """After a collective of ``kind`` (allreduce, allgather, broadcast) over ``size`` ranks,
+    started at ``t0``, last as long as on the emulated link (nothing when emulation is off)."""
+    if _link is None or size < 2:
+        return
+    seconds = {
+        "allreduce": _link.allreduce_s,
+        "allgather": _link.allgather_s,
+        "broadcast": _link.broadcast_s,
+    }[kind](nbytes, size)
+    wait_out(t0, seconds, nbytes)
