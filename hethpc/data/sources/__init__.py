@@ -1,0 +1,36 @@
+"""Readers of source formats for the converters; each yields ``(x, y)`` pieces, never writes.
+
+Sources are opened read-only, and large arrays are read a piece at a time (``.npy`` through a
+memory map), so converting never needs the whole dataset in memory. Source files come from the
+internet, so nothing in them is trusted: pickles may name only the globals a CIFAR batch needs,
+``.npy``/``.npz`` files are read without pickle, and IDX headers are checked against the file's
+length before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from hethpc.data.errors import SourceError
+from hethpc.data.sources.cifar import cifar_pieces, read_cifar
+from hethpc.data.sources.idx import idx_pieces, read_idx, read_idx_pair
+from hethpc.data.sources.npy import npy_pieces, npz_pieces, read_npy, read_npy_pair, read_npz
+from hethpc.data.sources.pieces import PIECE, Pieces, holdout, pieces_of
+from hethpc.data.sources.synthetic import synthetic_pieces
+
+__all__ = [
+    "PIECE",
+    "Pieces",
+    "SourceError",
+    "cifar_pieces",
+    "holdout",
+    "idx_pieces",
+    "npy_pieces",
+    "npz_pieces",
+    "pieces_of",
+    "read_cifar",
+    "read_idx",
+    "read_idx_pair",
+    "read_npy",
+    "read_npy_pair",
+    "read_npz",
+    "synthetic_pieces",
+]
