@@ -3,7 +3,8 @@ and, for those that average parameters, an outer optimizer (DiLoCo) and drift co
 
 from __future__ import annotations
 
-from hethpc.sync.averaging import agree, average_gradients_, average_model_
+from hethpc.sync.agreement import agree
+from hethpc.sync.averaging import average_gradients_, average_model_
 from hethpc.sync.bsp import BSP
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError

@@ -7,15 +7,15 @@ import torch
 
 from hethpc import comm
 from hethpc.comm import Group, Pending, ReduceOp
-from hethpc.sync.averaging import (
+from hethpc.sync.agreement import (
     WEIGHT_TOLERANCE,
-    _weight_message,
-    _weight_row,
-    _weights_wrong,
     check_weight,
-    put_scaled_grad_,
+    weight_message,
+    weight_row,
+    weights_wrong,
 )
 from hethpc.sync.errors import SyncError
+from hethpc.sync.gradient_buffer import put_scaled_grad_
 
 # DDP's default bucket size; the first bucket (the last layers) fires as soon as it fills.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -177,7 +177,7 @@ class GradientBuckets:
             self._filled[self.bucket_of[i]] += 1
         self._fire_ready()
         if self.check:
-            self.row.copy_(torch.tensor(_weight_row(self._weight), dtype=self.row.dtype))
+            self.row.copy_(torch.tensor(weight_row(self._weight), dtype=self.row.dtype))
         self._fire(len(self.bounds) - 1)
         for pending in self._pending:
             pending.wait()
@@ -185,9 +185,9 @@ class GradientBuckets:
         if self.check:
             n = comm.size() if self.group is None else self.group.size
             tolerance = max(WEIGHT_TOLERANCE, 4 * n * torch.finfo(self.row.dtype).eps)
-            if _weights_wrong(self.row.tolist(), n, tolerance):
-                table = comm.allgather_array(np.array(_weight_row(self._weight)), self.group)
-                raise SyncError(_weight_message(table, tolerance))
+            if weights_wrong(self.row.tolist(), n, tolerance):
+                table = comm.allgather_array(np.array(weight_row(self._weight)), self.group)
+                raise SyncError(weight_message(table, tolerance))
 
     def remove(self) -> None:
         """Detach the hooks."""

@@ -1,4 +1,8 @@
-"""The abstract sync policy: a local optimizer step plus a rule for when and what to average."""
+"""The abstract sync policy: a local optimizer step plus a rule for when and what to average.
+
+About 350 lines, one class: the template step every policy shares, with the counters, summary
+and resumable state it keeps; the communication is in ``agreement`` and ``averaging``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ import torch
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.sync.averaging import Agreement, agree, agree_step, average_model_, gradient_bytes
+from hethpc.sync.agreement import Agreement, agree, agree_step
+from hethpc.sync.averaging import average_model_, gradient_bytes
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer

@@ -8,7 +8,8 @@ from typing import Any, Literal
 import torch
 
 from hethpc.comm import Group
-from hethpc.sync.averaging import Agreement, agree_step, average_gradients_
+from hethpc.sync.agreement import Agreement, agree_step
+from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.policy import Outcome, SyncPolicy
