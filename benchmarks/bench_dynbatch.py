@@ -20,33 +20,7 @@ time, or computes with ``--slowdown-mode busy``), and combines gradients with
 and a fixed cost per forward/backward (about 1.5 ms), which at small batches (128) made step
 time far from proportional to the batch.
 
-Definitions: a rank's *throughput* is its samples over its compute seconds (all of them, slow
-spells included, as the epoch times include them) in epochs 2..; the *ideal* epoch time is the
-epoch's samples over the sum of the ranks' throughputs, each rank taken at the higher of its
-throughputs in runs 1 and 2. Sizes are *balanced* when the step times they predict differ by
-at most ``--balance-tol`` (max/min - 1), each rank's time taken as its size times its
-per-sample compute time over the whole phase (run 2; each of run 3's three phases): the sizes
-are judged, in hindsight, against the best measure of the speeds, not against the 20 steps a
-decision sees, over which this host's speed alone wanders by up to 10 % (``timing_drift``).
-``adjustments_to_balance``: adopted adjustments before the sizes of run 2 were balanced.
-``intervals_to_rebalance``: for each change in run 3, decisions after the change before the
-sizes were balanced at the new speeds (the largest over the changes).
-``steady_adjustments``: adopted adjustments after balance, before the next change, summed over
-runs 2 and 3. The same figures judged by each decision's own estimates (balanced: the smoothed
-step times it gathered within the tolerance) are reported as ``*_by_estimate``.
-``dynamic_epoch_s`` and ``uniform_epoch_s``: means over epochs 2.. (epoch 1 holds the transient
-from uniform sizes, reported as ``dynamic_first_epoch_s``). ``dynamic_over_ideal_parts``
-splits dynamic over ideal into factors whose product it is: ``speed`` (the ranks' mean compute
-over the ideal: slower than at their best), ``imbalance`` (the busiest rank's total compute over
-the mean: what the sizes cost), ``step_noise`` (the sum over steps of the slowest rank's
-compute over the busiest rank's total: each step waits for the slower of two noisy ranks) and
-``outside_compute`` (the allreduce, optimiser and waiting), from the per-epoch sums
-``dynamic_slowest_compute_epoch_s`` (over steps, the slowest rank's compute),
-``dynamic_busiest_rank_compute_epoch_s`` and ``dynamic_mean_compute_epoch_s``;
-``ideal_same_run_epoch_s`` is the ideal at the dynamic run's own throughputs.
-``timing_noise``: per rank, the standard deviation of the log compute time per step in run 1;
-``timing_drift``: of the log mean per-sample time over blocks of ``--interval`` steps in run 1
-(fixed sizes).
+The figures are defined in :mod:`hethpc.batching.figures` (``run_figures``).
 
 With ``--paced S`` each step's compute is paced to S seconds per sample: after the real forward
 and backward the rank sleeps until then (and a slowed rank then stretches that). The timings are
@@ -65,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _dynbatch_plot import plot
 from _training import gradients
 from torch import nn
 
@@ -82,15 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from hethpc import comm  # noqa: E402
 from hethpc.batching import BatchController, weighted_gradient_allreduce  # noqa: E402
-from hethpc.batching.figures import (  # noqa: E402
-    block_drift,
-    brief,
-    judged,
-    loss_parts,
-    phase_figures,
-    throughput,
-    to_balance,
-)
+from hethpc.batching.figures import run_figures  # noqa: E402
 from hethpc.batching.slowdown import pace  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import cnn1d  # noqa: E402
@@ -283,120 +249,19 @@ def worker(args: argparse.Namespace) -> None:
     chg_run.run_steps(3 * S)
     chg = chg_run.result()
 
-    # Epoch 1 of the dynamic run holds the transient from uniform sizes; both runs are compared
-    # over epochs 2.. (measured side by side), and the ranks' throughputs are taken from the
-    # uniform run's steps in those epochs.
-    spe = uni["steps_per_epoch"]
-    e0 = 1 if args.epochs > 1 else 0
-    skip = e0 * spe or min(5, spe // 4)
-    X = [throughput(log[skip:]) for log in uni["logs"]]
-    X_dyn = [throughput(log[skip:]) for log in dyn["logs"]]
-    noise = [statistics.pstdev(np.log([t for _, _, t in log[skip:]])) for log in uni["logs"]]
-    # Each rank at the faster of its two measured speeds: a run that slowed a rank down (the
-    # host's speed depends on what both cores do) then cannot flatter the ideal.
-    ideal = spe * args.batch / sum(max(u, d) for u, d in zip(X, X_dyn, strict=True))
-    # Where the dynamic run's time goes, over the same epochs: the ideal at its own measured
-    # speeds; each step's slowest compute (the balance and the per-step noise); the rest
-    # (allreduce, optimiser, waiting outside compute).
-    ideal_same = spe * args.batch / sum(X_dyn)
-    per_step = np.array([[t for _, _, t in log[skip:]] for log in dyn["logs"]])
-    dyn_epochs = max(1, per_step.shape[1] / spe)
-    uniform_epoch = statistics.mean(uni["epoch_s"][e0:])
-    dynamic_epoch = statistics.mean(dyn["epoch_s"][e0:])
-    tol = args.balance_tol
-
-    # Balance judged in hindsight (the sizes at each phase's mean speeds), the goals' figures.
-    n_dyn = len(dyn["logs"][0])
-    f2 = judged(dyn, [0, n_dyn]).phase(0, n_dyn, tol)
-    bounds = [0, S, 2 * S, 3 * S]
-    r3 = judged(chg, bounds)
-    f3 = [r3.phase(bounds[i], bounds[i + 1], tol) for i in range(3)]
-    rebalance = [f.intervals_to_balance for f in f3[1:]]
-    # The same by each decision's own estimates (20 steps or more at the sizes in force).
-    first_est, steady2_est = phase_figures(dyn["decisions"], 0, 10**9, tol)
-    applied_before = None
-    if first_est is not None:
-        applied_before = sum(1 for d in dyn["decisions"][:first_est] if d["applied"])
-    rebalance_est: list[int | None] = []
-    steady3_est = 0
-    for i in range(3):
-        first, steady = phase_figures(chg["decisions"], bounds[i], bounds[i + 1], tol)
-        steady3_est += steady
-        if i > 0:
-            rebalance_est.append(first)
-    parts, (slowest, busiest, mean_rank) = loss_parts(dynamic_epoch, ideal, per_step / dyn_epochs)
-    acc_u, acc_d = uni["accuracy"][-1], dyn["accuracy"][-1]
     out = {
         "ranks": n,
         "factor": F,
         "slowdown_mode": args.slowdown_mode,
-        "global_batch": args.batch,
-        "steps_per_epoch": spe,
-        "uniform_epoch_s": round(uniform_epoch, 3),
-        "uniform_first_epoch_s": round(uni["epoch_s"][0], 3),
-        "dynamic_epoch_s": round(dynamic_epoch, 3),
-        "dynamic_first_epoch_s": round(dyn["epoch_s"][0], 3),
-        "ideal_epoch_s": round(ideal, 3),
-        "speedup": round(uniform_epoch / dynamic_epoch, 3),
-        "ideal_speedup": round(uniform_epoch / ideal, 3),
-        "dynamic_over_ideal": round(dynamic_epoch / ideal, 3),
-        "ideal_same_run_epoch_s": round(ideal_same, 3),
-        "dynamic_over_ideal_same_run": round(dynamic_epoch / ideal_same, 3),
-        "dynamic_slowest_compute_epoch_s": round(slowest, 3),
-        "dynamic_busiest_rank_compute_epoch_s": round(busiest, 3),
-        "dynamic_mean_compute_epoch_s": round(mean_rank, 3),
-        # dynamic / ideal = the product of (1 + each part), exactly.
-        "dynamic_over_ideal_parts": {k: round(v, 4) for k, v in parts.items()},
-        "adjustments_to_balance": to_balance(f2),
-        "intervals_to_rebalance": None if None in rebalance else max(rebalance),  # type: ignore[type-var]
-        "intervals_to_rebalance_per_change": rebalance,
-        "steady_adjustments": f2.steady_adjustments + sum(f.steady_adjustments for f in f3),
-        "final_imbalance": round(f2.final_imbalance, 4),
-        "phase_final_imbalance": [round(f.final_imbalance, 4) for f in f3],
-        "adjustments_to_balance_by_estimate": applied_before,
-        "intervals_to_rebalance_by_estimate": rebalance_est,
-        "steady_adjustments_by_estimate": steady2_est + steady3_est,
-        "throughputs": [round(x, 1) for x in X],
-        "dynamic_throughputs": [round(x, 1) for x in X_dyn],
-        "timing_noise": [round(v, 3) for v in noise],
-        "timing_drift": [round(block_drift(log[skip:], args.interval), 3) for log in uni["logs"]],
-        "final_sizes": dyn["decisions"][-1]["new_sizes"] if dyn["decisions"] else None,
-        "epochs": args.epochs,
-        "paced_s_per_sample": args.paced,
-        "late_steps": uni["late"] + dyn["late"] + chg["late"],
-        "uniform_accuracy": round(acc_u, 4),
-        "dynamic_accuracy": round(acc_d, 4),
-        "accuracy_gap_points": round(100 * abs(acc_u - acc_d), 2),
-        "decisions_run2": [brief(d) for d in dyn["decisions"]],
-        "decisions_run3": [brief(d) for d in chg["decisions"]],
+        **run_figures(
+            uni, dyn, chg, global_batch=args.batch, epochs=args.epochs, phase_steps=S,
+            interval=args.interval, tol=args.balance_tol, paced_s_per_sample=args.paced,
+        ),  # fmt: skip
     }
     if args.plot and comm.rank() == 0:
         plot(args.plot, chg, S, n)
     if comm.rank() == 0:
         print(json.dumps(out), flush=True)
-
-
-def plot(path: str, run: dict[str, Any], S: int, n: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for k in range(n):
-        steps = [s for s, _, _ in run["logs"][k]]
-        ax1.plot(steps, [b for _, b, _ in run["logs"][k]], label=f"rank {k}")
-        ax2.plot(steps, [1e3 * t for _, _, t in run["logs"][k]], label=f"rank {k}")
-    for ax in (ax1, ax2):
-        for s in (S, 2 * S):
-            ax.axvline(s, color="grey", ls=":")
-        ax.legend()
-    ax1.set_ylabel("batch size")
-    ax2.set_ylabel("compute ms / step")
-    ax2.set_xlabel("step")
-    fig.suptitle("dynamic batching: rank 1 slowdown changes at the dotted lines")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
 
 
 # ---- launcher: runs mpirun for each world size ------------------------------------------------

@@ -89,3 +89,29 @@ def test_pace_sleeps_to_the_deadline_and_reports_an_overrun() -> None:
     late = time.perf_counter() - 0.01
     assert not pace(late, 0.005)  # already past: no sleep
     assert time.perf_counter() - late < 0.05
+
+
+def bench_run(sizes: list[tuple[int, int]], per_sample: list[tuple[float, float]], epoch_s: float,
+              accuracy: float, decisions: list[Adjustment]) -> dict[str, Any]:
+    """A made-up run with the keys the benchmark gathers: 2 epochs of 10 steps each."""
+    run = made_up_run(sizes, per_sample, decisions)
+    return {**run, "epoch_s": [2 * epoch_s, epoch_s], "accuracy": [0.5, accuracy],
+            "steps_per_epoch": 10, "late": 1}
+
+
+def test_run_figures_from_three_made_up_runs() -> None:
+    # Rank 1 is 3x slower throughout; uniform sizes take 2 s an epoch, balanced sizes 1 s.
+    uniform = bench_run([(512, 512)] * 20, [(1e-4, 3e-4)] * 20, 2.0, 0.9, [])
+    dynamic = bench_run([(768, 256)] * 20, [(1e-4, 3e-4)] * 20, 1.0, 0.88, [])
+    change = bench_run([(768, 256)] * 30, [(1e-4, 3e-4)] * 30, 1.0, 0.88, [])
+    out = figures.run_figures(
+        uniform, dynamic, change, global_batch=1024, epochs=2, phase_steps=10, interval=5,
+        tol=0.10, paced_s_per_sample=0.0,
+    )  # fmt: skip
+    assert next(iter(out)) == "global_batch" and list(out)[-1] == "decisions_run3"
+    assert (out["uniform_epoch_s"], out["dynamic_epoch_s"], out["speedup"]) == (2.0, 1.0, 2.0)
+    # Throughputs 1e4 and 1/3e-4 samples/s: the ideal epoch is 10 * 1024 / their sum.
+    assert out["ideal_epoch_s"] == round(10 * 1024 / (1e4 + 1e4 / 3), 3)
+    assert out["throughputs"] == [1e4, round(1e4 / 3, 1)]
+    assert (out["adjustments_to_balance"], out["final_imbalance"]) == (0, 0.0)
+    assert (out["late_steps"], out["accuracy_gap_points"]) == (3, 2.0)
