@@ -20,6 +20,7 @@ from hethpc.comm.collectives import (
     grouped_allreduce,
     grouped_allreduce_,
 )
+from hethpc.comm.cuda_aware import CudaAwareness, Transfers, cuda_awareness, transfers
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, new_group, world
 from hethpc.comm.link import (
@@ -59,11 +60,13 @@ from hethpc.comm.runtime import (
 
 __all__ = [
     "CommError",
+    "CudaAwareness",
     "Group",
     "Link",
     "LinkError",
     "LinkStats",
     "RecvRequest",
+    "Transfers",
     "Pending",
     "ReduceOp",
     "Request",
@@ -79,6 +82,7 @@ __all__ = [
     "broadcast_model",
     "broadcast_object",
     "broadcast_optimizer_state",
+    "cuda_awareness",
     "grouped_allreduce",
     "grouped_allreduce_",
     "init",
@@ -92,6 +96,7 @@ __all__ = [
     "recv_tensor",
     "send_tensor",
     "size",
+    "transfers",
     "world",
     "current_link",
     "link_stats",

@@ -1,21 +1,35 @@
 """Point-to-point tensor transfer (mpi4py) with shape and dtype sent along.
 
-GPU tensors are staged through host memory, so any MPI library works, CUDA-aware or not.
 A message is a small header (shape, dtype, and the send time under link emulation) followed
-by the raw bytes of the tensor.
+by the raw bytes of the tensor. CPU tensors go to MPI as they are. CUDA tensors go to MPI
+directly when it is CUDA-aware (:mod:`hethpc.comm.cuda_aware`, probed once); otherwise they
+are staged through pinned host buffers reused across steps (:mod:`hethpc.comm.staging`), the
+device-to-host copy of a send running on a side stream while the caller computes, and the
+fallback is logged once. Either way a CUDA send's bytes go to MPI only once the kernels that
+produced them are done: its payload is posted by a later :meth:`Request.test` or
+:meth:`Request.wait`, in the order the sends were started.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from hethpc.comm import staging
+from hethpc.comm.cuda_aware import cuda_awareness
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import arrival, current_link, hold_until
+
+# How a CUDA tensor travels: handed to a CUDA-aware MPI, or staged through pinned host memory.
+DIRECT, STAGED = "direct", "staged"
 
 _DTYPES: dict[str, torch.dtype] = {
     str(d): d
@@ -49,26 +63,100 @@ def _as_bytes(tensor: torch.Tensor) -> Any:
     return flat.view(torch.uint8).numpy()
 
 
+def cuda_route() -> str:
+    """How this process moves CUDA tensors: :data:`DIRECT` or :data:`STAGED` (probed once)."""
+    aware = cuda_awareness()
+    if aware.aware:
+        return DIRECT
+    staging.say_once(
+        "p2p",
+        f"MPI is not CUDA-aware ({aware.source}): point-to-point CUDA tensors are staged "
+        "through pinned host buffers (the fallback path)",
+    )
+    return STAGED
+
+
+def _buffer(t: torch.Tensor) -> Any:
+    """What MPI reads or writes: a numpy view on the host, the CUDA tensor itself otherwise
+    (mpi4py takes it by DLPack or the CUDA array interface)."""
+    return t if t.is_cuda else t.numpy()
+
+
+class _Payload:
+    """A CUDA send's bytes, posted to MPI once its fence has passed (in call order)."""
+
+    def __init__(
+        self, comm: Any, buf: torch.Tensor, fence: staging.Fence, dest: int, tag: int,
+        release: Callable[[], None] | None,
+    ) -> None:  # fmt: skip
+        self.comm, self.buf, self.fence, self.dest, self.tag = comm, buf, fence, dest, tag
+        self.release = release
+        self.request: Any = None
+
+
+# CUDA payloads not yet posted, oldest first. Posting strictly in this order keeps two sends to
+# one peer with one tag in the order they were started, as MPI's matching requires.
+_unposted: deque[_Payload] = deque()
+_unposted_lock = threading.Lock()
+
+
+def _post_ready(through: _Payload | None = None) -> None:
+    """Post the oldest payloads whose fences have passed; waits for fences up to ``through``."""
+    with _unposted_lock:
+        while _unposted:
+            p = _unposted[0]
+            if through is not None and through.request is None:
+                p.fence.synchronize()
+            elif not p.fence.query():
+                return
+            p.request = p.comm.Isend(_buffer(p.buf), dest=p.dest, tag=p.tag)
+            _unposted.popleft()
+
+
 @dataclass
 class Request:
     """A pending :func:`isend_tensor`; call :meth:`wait` before reusing the tensor's memory."""
 
     _requests: list[Any] = field(default_factory=list)
     _keep: list[Any] = field(default_factory=list)  # buffers that must outlive the send
+    _payload: _Payload | None = None  # a CUDA send's payload, posted once its bytes are ready
+    _release: Callable[[], None] | None = None  # gives a staging buffer back to its pool
+
+    def _posted(self, block: bool) -> bool:
+        p = self._payload
+        assert p is not None
+        if p.request is None:
+            _post_ready(p if block else None)
+            if p.request is None:
+                return False
+        self._requests.append(p.request)
+        self._keep.append(p.buf)  # MPI reads it until the send completes
+        self._release = p.release
+        self._payload = None
+        return True
+
+    def _finish(self) -> None:
+        self._requests.clear()
+        self._keep.clear()
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def wait(self) -> None:
         """Block until the send has completed."""
+        if self._payload is not None:
+            self._posted(block=True)
         for r in self._requests:
             r.Wait()
-        self._requests.clear()
-        self._keep.clear()
+        self._finish()
 
     def test(self) -> bool:
         """Whether the send has completed (does not block)."""
+        if self._payload is not None and not self._posted(block=False):
+            return False
         done = all(r.Test() for r in self._requests)
         if done:
-            self._requests.clear()
-            self._keep.clear()
+            self._finish()
         return done
 
 
@@ -84,6 +172,8 @@ def isend_tensor(
     _check_peer(g, dest, "isend_tensor")
     if str(tensor.dtype) not in _DTYPES:
         raise CommError(f"isend_tensor: dtype {tensor.dtype} is not supported")
+    if tensor.is_cuda:
+        return _isend_cuda(tensor, dest, tag, g, cuda_route())
     payload = _as_bytes(tensor)
     # The send time travels along under link emulation: the receiver hands the tensor over no
     # earlier than it would arrive on the emulated link.
@@ -92,6 +182,27 @@ def isend_tensor(
     r1 = comm.isend(header, dest=dest, tag=2 * tag)
     r2 = comm.Isend(payload, dest=dest, tag=2 * tag + 1)
     return Request([r1, r2], [payload])
+
+
+def _isend_cuda(tensor: torch.Tensor, dest: int, tag: int, g: Group, route: str) -> Request:
+    """A CUDA tensor's send (also used with CPU tensors by tests of the ordering logic)."""
+    release: Callable[[], None] | None = None
+    if route == DIRECT:
+        buf = staging.bytes_of(tensor)
+        fence = staging.ready_fence(buf)
+    else:
+        pool = staging.pool()
+        buf, fence = staging.to_host(tensor, pool)
+        release = functools.partial(pool.give, buf)
+    header = (tuple(tensor.shape), str(tensor.dtype), time.time() if current_link() else None)
+    comm = g.mpi_comm
+    r1 = comm.isend(header, dest=dest, tag=2 * tag)
+    payload = _Payload(comm, buf, fence, dest, 2 * tag + 1, release)
+    with _unposted_lock:
+        _unposted.append(payload)
+    req = Request([r1], [tensor], payload)
+    _post_ready()  # at once when the bytes are ready already (a CPU tensor in tests)
+    return req
 
 
 def send_tensor(
@@ -120,6 +231,8 @@ def recv_tensor(
     """
     g = resolve(group)
     _check_peer(g, source, "recv_tensor")
+    if device is not None and torch.device(device).type == "cuda":
+        return RecvRequest(g.mpi_comm, source, tag, device).wait()
     comm = g.mpi_comm
     shape, dtype_name, sent_at = comm.recv(source=source, tag=2 * tag)
     dtype = _DTYPES[dtype_name]
@@ -132,7 +245,7 @@ def recv_tensor(
     hold_until(arrival(sent_at, nbytes), nbytes)
     out = out.reshape(shape)
     if device is not None and torch.device(device).type != "cpu":
-        out = out.to(device, non_blocking=False)
+        out = out.to(device, non_blocking=False)  # a device of another kind than CUDA
     return out
 
 
@@ -142,11 +255,20 @@ class RecvRequest:
     Like an MPI request, use it from one thread at a time.
     """
 
-    def __init__(self, comm: Any, source: int, tag: int, device: torch.device | str | None) -> None:
+    def __init__(
+        self, comm: Any, source: int, tag: int, device: torch.device | str | None,
+        route: str | None = None,
+    ) -> None:  # fmt: skip
         self._comm = comm
         self._source = source
         self._tag = tag
-        self._device = device
+        self._device = torch.device(device) if device is not None else None
+        # CUDA results: straight into device memory, or through a pinned buffer (``_host``).
+        if route is None and self._device is not None and self._device.type == "cuda":
+            route = cuda_route()
+        self._route = route
+        self._host: torch.Tensor | None = None
+        self._dtype = torch.uint8
         self._header = comm.irecv(source=source, tag=2 * tag)
         self._payload: Any = None
         self._out: torch.Tensor | None = None
@@ -160,12 +282,22 @@ class RecvRequest:
         for s in shape:
             numel *= s
         self._shape = tuple(shape)
-        self._out = torch.empty(numel, dtype=_DTYPES[dtype_name])
+        dtype = self._dtype = _DTYPES[dtype_name]
+        buf: Any
+        if self._route is None:
+            self._out = torch.empty(numel, dtype=dtype)
+            buf = self._out.view(torch.uint8).numpy()
+        elif self._route == DIRECT:
+            self._out = torch.empty(numel, dtype=dtype, device=self._device)
+            buf = _buffer(self._out.view(torch.uint8))
+        else:
+            nbytes = numel * dtype.itemsize
+            self._host = staging.pool().take(nbytes)
+            self._out = self._host  # its bytes, until wait() moves them to the device
+            buf = _buffer(self._host)
         self._nbytes = self._out.numel() * self._out.element_size()
         self._arrives = arrival(sent_at, self._nbytes)
-        self._payload = self._comm.Irecv(
-            self._out.view(torch.uint8).numpy(), source=self._source, tag=2 * self._tag + 1
-        )
+        self._payload = self._comm.Irecv(buf, source=self._source, tag=2 * self._tag + 1)
 
     def test(self) -> bool:
         """Whether the tensor has fully arrived (does not block; makes progress)."""
@@ -186,8 +318,12 @@ class RecvRequest:
         hold_until(self._arrives, self._nbytes)
         self._arrives = None
         assert self._out is not None
+        if self._host is not None:
+            assert self._device is not None
+            host, self._host = self._host, None
+            return staging.to_device(host, self._dtype, self._shape, self._device, staging.pool())
         out = self._out.reshape(self._shape)
-        if self._device is not None and torch.device(self._device).type != "cpu":
+        if self._route is None and self._device is not None and self._device.type != "cpu":
             out = out.to(self._device, non_blocking=False)
         return out
 

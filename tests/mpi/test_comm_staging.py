@@ -1,0 +1,105 @@
+"""The CUDA send and receive paths of hethpc.comm.p2p, driven with CPU tensors on real ranks.
+
+Without a GPU the paths a CUDA tensor takes (pinned staging, or straight to a CUDA-aware MPI)
+run here on CPU tensors: the same deferred posting (a payload goes to MPI only once its fence
+has passed, in the order the sends started), the same buffer pool and the same receive side.
+What only a GPU shows (pinned memory, side-stream copies, CUDA events, mpi4py reading device
+memory) is not run here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hethpc import comm
+from hethpc.comm import p2p, staging
+
+
+class Later:
+    """A fence that passes after ``n`` queries."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def query(self) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+    def synchronize(self) -> None:
+        self.n = -1
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[int, int]:
+    comm.init()
+    return comm.rank(), comm.size()
+
+
+def _value(k: int) -> torch.Tensor:
+    return torch.full((256, 3), float(k)) + torch.arange(3.0)
+
+
+@pytest.mark.parametrize("route", [p2p.STAGED, p2p.DIRECT])
+def test_sends_with_one_tag_arrive_in_order_whatever_their_fences(
+    world: tuple[int, int], route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    g = comm.world()
+    count = 5
+    if r == 0:
+        delays = iter(range(count, 0, -1))  # later sends' copies "finish" sooner
+        real = staging.to_host
+
+        def slow_to_host(t: torch.Tensor, pool: staging.HostBuffers) -> tuple[torch.Tensor, Later]:
+            host, _ = real(t, pool)
+            return host, Later(next(delays))
+
+        monkeypatch.setattr(staging, "to_host", slow_to_host)
+        monkeypatch.setattr(staging, "ready_fence", lambda _t: Later(next(delays)))
+        reqs = [p2p._isend_cuda(_value(k), 1, 7, g, route) for k in range(count)]
+        assert not reqs[-1].test()  # its bytes are "not ready", nor are the earlier ones
+        while not all(q.test() for q in reqs):
+            pass
+        for q in reqs:
+            q.wait()
+        assert not p2p._unposted
+    elif r == 1:
+        for k in range(count):
+            req = p2p.RecvRequest(g.mpi_comm, 0, 7, torch.device("cpu"), route=route)
+            torch.testing.assert_close(req.wait(), _value(k))
+    comm.barrier()
+
+
+def test_staged_buffers_are_reused_across_steps(world: tuple[int, int]) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    g = comm.world()
+    pool = staging.pool()
+    before = pool.allocated
+    for step in range(4):
+        if r == 0:
+            req = p2p._isend_cuda(_value(step), 1, 3, g, p2p.STAGED)
+            req.wait()
+        elif r == 1:
+            got = p2p.RecvRequest(g.mpi_comm, 0, 3, torch.device("cpu"), route=p2p.STAGED)
+            torch.testing.assert_close(got.wait(), _value(step))
+    if r in (0, 1):
+        assert pool.allocated - before <= 1  # one buffer, made in the first step, reused
+    comm.barrier()
+
+
+def test_cpu_tensors_never_touch_the_pool(world: tuple[int, int]) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    made = staging.pool().allocated
+    if r == 0:
+        comm.send_tensor(_value(1), 1, tag=11)
+    elif r == 1:
+        torch.testing.assert_close(comm.recv_tensor(0, tag=11), _value(1))
+    assert staging.pool().allocated == made and not p2p._unposted
+    comm.barrier()
