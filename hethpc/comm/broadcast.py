@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from hethpc.comm import staging
 from hethpc.comm.collectives import _needs_staging
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.runtime import state
@@ -20,7 +21,7 @@ def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None =
     assert hvd is not None
     sd = model.state_dict(keep_vars=False)
     staged = _needs_staging(list(sd.values()))
-    items = {k: (t.cpu() if staged else t) for k, t in sd.items()}
+    items = {k: (staging.host_copy(t) if staged else t) for k, t in sd.items()}
     handles = [
         hvd.broadcast_async_(t, g.ranks[root], name=f"hethpc.bcast.{k}", process_set=g.process_set)
         for k, t in items.items()
@@ -29,7 +30,7 @@ def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None =
         hvd.synchronize(h)
     if staged:
         for k, t in sd.items():
-            t.copy_(items[k])
+            staging.copy_back(t, items[k])
 
 
 def broadcast_optimizer_state(

@@ -1,7 +1,8 @@
 """Tensor collectives through Horovod: allreduce (blocking, in place, async, grouped).
 
 GPU tensors go to Horovod directly when it was built with GPU operations (NCCL or CUDA-aware
-MPI); otherwise they are staged through host memory, so any Horovod build works.
+MPI); otherwise they are staged through pinned host buffers reused across calls
+(:mod:`hethpc.comm.staging`), so any Horovod build works, and the fallback is logged once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hethpc.comm import staging
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
@@ -43,7 +45,14 @@ def _needs_staging(tensors: Sequence[torch.Tensor]) -> bool:
     if not any(t.is_cuda for t in tensors):
         return False
     hvd = state().hvd
-    return not (hvd.nccl_built() or getattr(hvd, "cuda_built", lambda: False)())
+    if hvd.nccl_built() or getattr(hvd, "cuda_built", lambda: False)():
+        return False
+    staging.say_once(
+        "allreduce",
+        "Horovod was built without GPU operations: CUDA tensors are reduced through pinned "
+        "host buffers (the fallback path; scripts/setup.sh on a GPU node builds it with NCCL)",
+    )
+    return True
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -76,9 +85,11 @@ def allreduce(
     hvd = state().hvd
     assert hvd is not None
     if _needs_staging([tensor]):
-        out = tensor.detach().cpu()
-        allreduce_(out, op, prescale=prescale, group=g, name=name)  # emulated there
-        return out.to(tensor.device)
+        host = staging.host_copy(tensor)
+        allreduce_(host, op, prescale=prescale, group=g, name=name)  # emulated there
+        out = torch.empty_like(tensor)
+        staging.copy_back(out, host)
+        return out
     t0 = time.perf_counter()
     result: torch.Tensor = hvd.allreduce(
         tensor,
@@ -107,7 +118,7 @@ def allreduce_(
     assert hvd is not None
     t0 = time.perf_counter()
     staged = _needs_staging([tensor])
-    target = tensor.detach().cpu() if staged else tensor
+    target = staging.host_copy(tensor) if staged else tensor
     hvd.allreduce_(
         target,
         op=_hvd_op(op),
@@ -116,7 +127,7 @@ def allreduce_(
         name=name or "hethpc.allreduce",
     )
     if staged:
-        tensor.copy_(target)
+        staging.copy_back(tensor, target)
     emulate_collective(t0, "allreduce", _nbytes([tensor]), g.size)
     return tensor
 
@@ -136,7 +147,7 @@ class Pending:
             state().hvd.synchronize(self._handle)
             self._handle = None
             if self._target is not self._tensor:
-                self._tensor.copy_(self._target)
+                staging.copy_back(self._tensor, self._target)
             emulate_collective(self._t0, "allreduce", _nbytes([self._tensor]), self._g.size)
         return self._tensor
 
@@ -166,7 +177,7 @@ def allreduce_async_(
         return Pending(tensor, tensor, None, t0, g)
     hvd = state().hvd
     assert hvd is not None
-    target = tensor.detach().cpu() if _needs_staging([tensor]) else tensor
+    target = staging.host_copy(tensor) if _needs_staging([tensor]) else tensor
     handle = hvd.allreduce_async_(target, op=_hvd_op(op), process_set=g.process_set, name=name)
     return Pending(tensor, target, handle, t0, g)
 

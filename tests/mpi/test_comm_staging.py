@@ -103,3 +103,28 @@ def test_cpu_tensors_never_touch_the_pool(world: tuple[int, int]) -> None:
         torch.testing.assert_close(comm.recv_tensor(0, tag=11), _value(1))
     assert staging.pool().allocated == made and not p2p._unposted
     comm.barrier()
+
+
+def test_staged_collectives_give_the_same_sums(
+    world: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collectives' staging (pinned copies out and back, pooled) on CPU tensors."""
+    from hethpc.comm import broadcast, collectives
+
+    r, n = world
+    monkeypatch.setattr(collectives, "_needs_staging", lambda _ts: True)
+    monkeypatch.setattr(broadcast, "_needs_staging", lambda _ts: True)
+    want = torch.full((5, 2), n * (n + 1) / 2)
+    for _ in range(3):  # repeated steps reuse the pool's buffers
+        t = torch.full((5, 2), float(r + 1))
+        torch.testing.assert_close(comm.allreduce(t, comm.ReduceOp.SUM), want)
+        torch.testing.assert_close(t, torch.full((5, 2), float(r + 1)))  # untouched
+        comm.allreduce_(t, comm.ReduceOp.SUM)
+        torch.testing.assert_close(t, want)
+        a = torch.full((7,), float(r + 1))
+        comm.allreduce_async_(a, comm.ReduceOp.SUM, name="staged.async").wait()
+        torch.testing.assert_close(a, torch.full((7,), n * (n + 1) / 2))
+    model = torch.nn.Linear(3, 2)
+    torch.nn.init.constant_(model.weight, float(r))
+    comm.broadcast_model(model)
+    torch.testing.assert_close(model.weight, torch.zeros(2, 3), check_device=False)
