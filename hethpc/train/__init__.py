@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from hethpc.train.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.config import (
-    ConfigError,
-    TrainConfig,
-    check_same_config,
-    config_fields,
-    load_toml,
-    make_config,
-    resume_differences,
-    toml_sources,
-)
+from hethpc.train.config import ConfigError, TrainConfig, config_fields
+from hethpc.train.config_compare import check_same_config, resume_differences
+from hethpc.train.config_sources import load_toml, make_config, toml_sources
 from hethpc.train.coordinator import Coordinator
 from hethpc.train.errors import ModelMismatchError, NonFiniteError
 from hethpc.train.evaluation import accuracy, evaluate

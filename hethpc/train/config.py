@@ -1,21 +1,24 @@
-"""The training configuration: one frozen dataclass, TOML loading and a cross-rank check."""
+"""The training configuration: one frozen dataclass, every setting documented where defined.
+
+Long for one reason: it holds a field per setting (about sixty), each with its default, its
+help text (also the CLI's) and whether it is node-local or may change on resume. Its rules are
+in :mod:`~hethpc.train.config_rules`, reading it from TOML in
+:mod:`~hethpc.train.config_sources`, the cross-rank and resume comparisons in
+:mod:`~hethpc.train.config_compare`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import math
-import re
-import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from hethpc import comm
-from hethpc.comm import Group, LinkError, parse_link
+from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
+
+__all__ = ["ConfigError", "TrainConfig", "config_fields"]
 
 
 def _f(
@@ -171,6 +174,13 @@ class TrainConfig:
         "from the others)",
         choices=("sleep", "busy"),
     )
+    device: str = _f(
+        "auto",
+        "where each rank computes: auto (GPU <local rank mod GPUs> when the rank sees a GPU, "
+        "else the CPU), cuda (an error when no GPU is visible) or cpu",
+        choices=("auto", "cuda", "cpu"),
+        local=True,
+    )
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
@@ -243,156 +253,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, check_type(f.name, getattr(self, f.name), str(f.type)))
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value not in choices:
-                raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}", key=f.name)
-        positive = (
-            "samples",
-            "epochs",
-            "batch_size",
-            "keep_checkpoints",
-            "sync_window",
-            "fedavg_period",
-            "batch_interval",
-            "b_min",
-            "labels_per_rank",
-            "pipeline_stages",
-            "micro_batches",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", key=name)
-        for name in ("lr", "dirichlet_alpha", "outer_lr"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", key=name)
-        for name in (
-            "max_steps",
-            "checkpoint_every",
-            "eval_every",
-            "max_skipped_steps",
-            "watchdog_s",
-            "watchdog_max_s",
-            "progress_every_s",
-            "threshold",
-            "weight_decay",
-            "staleness",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"{name} must not be negative, got {getattr(self, name)}", key=name
-                )
-        for name in ("inject_alpha", "inject_beta"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}", key=name)
-        if self.max_local_steps < -1:
-            raise ConfigError(
-                f"max_local_steps must be -1 (auto), 0 (no bound) or more, got "
-                f"{self.max_local_steps}",
-                key="max_local_steps",
-            )
-        for name in ("momentum", "outer_momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(
-                    f"{name} must be in [0, 1), got {getattr(self, name)}", key=name
-                )
-        if self.outer_optimizer != "none" and (
-            self.sync in ("bsp", "ssp") or (self.sync == "selsync" and self.aggregation == "grads")
-        ):
-            what = {"bsp": "bsp averages gradients", "ssp": "ssp adds updates"}.get(
-                self.sync, "selsync with aggregation grads averages gradients"
-            )
-            raise ConfigError(
-                f"outer_optimizer = {self.outer_optimizer!r} steps on averaged parameters, but "
-                f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
-                "local",
-                key="outer_optimizer",
-            )
-        if not 0.0 < self.drift_smoothing <= 1.0:
-            raise ConfigError(
-                f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}",
-                key="drift_smoothing",
-            )
-        if self.drift_correction == "on" and (
-            self.sync in ("bsp", "ssp") or (self.sync == "selsync" and self.aggregation == "grads")
-        ):
-            raise ConfigError(
-                f"drift_correction = 'on' corrects local steps between parameter averages, but "
-                f"sync {self.sync}"
-                + (" with aggregation grads" if self.sync == "selsync" else "")
-                + " has none; use sync selsync (aggregation params), fedavg or local, or "
-                "drift_correction auto",
-                key="drift_correction",
-            )
-        if self.rebalance == "on" and self.pipeline_stages > 1:
-            raise ConfigError(
-                "rebalance = 'on' moves samples between data-parallel ranks, which is not built "
-                "for pipeline runs; use rebalance auto or off with pipeline_stages > 1",
-                key="rebalance",
-            )
-        if self.rebalance == "on" and self.sync == "ssp":
-            raise ConfigError(
-                "sync ssp lets ranks step at their own pace, but rebalancing exchanges samples "
-                "between ranks every step; use rebalance auto or off with ssp",
-                key="rebalance",
-            )
-        if self.overlap and (self.sync != "bsp" or self.pipeline_stages > 1):
-            raise ConfigError(
-                f"overlap sends BSP's gradients during the backward pass, but this run uses sync "
-                f"{self.sync} with {self.pipeline_stages} pipeline stage(s); use it with sync "
-                "bsp and pipeline_stages 1, or turn it off",
-                key="overlap",
-            )
-        if self.inner_steps == "speed" and self.sync not in ("fedavg", "local"):
-            raise ConfigError(
-                f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
-                f"{self.sync} has none to size; use sync fedavg (with outer_optimizer nesterov: "
-                "DiLoCo) or local",
-                key="inner_steps",
-            )
-        if self.inner_steps == "speed" and self.batching == "uniform":
-            raise ConfigError(
-                "inner_steps = 'speed' follows each rank's measured speed through its batch "
-                "size, but batching uniform gives every rank the same; use batching dynamic",
-                key="inner_steps",
-            )
-        if self.sync == "ssp" and self.batching == "dynamic":
-            raise ConfigError(
-                "sync ssp lets ranks step at their own pace, but batching dynamic re-splits the "
-                "batch in a collective every batch_interval steps, which would hold them "
-                "together; use batching uniform or static with ssp",
-                key="batching",
-            )
-        if self.sync == "ssp" and self.inject_alpha > 0:
-            raise ConfigError(
-                "sync ssp lets ranks step at their own pace, but data injection exchanges "
-                "samples between ranks every step; use inject_alpha 0 with ssp",
-                key="inject_alpha",
-            )
-        if self.b_min > self.batch_size:
-            raise ConfigError(
-                f"b_min = {self.b_min} is larger than batch_size = {self.batch_size}", key="b_min"
-            )
-        if self.watchdog_s and self.watchdog_max_s < self.watchdog_s:
-            raise ConfigError(
-                f"watchdog_max_s = {self.watchdog_max_s} is below watchdog_s = "
-                f"{self.watchdog_s}; the ceiling must be at least the floor",
-                key="watchdog_max_s",
-            )
-        try:
-            parse_link(self.link)
-        except LinkError as e:
-            raise ConfigError(str(e), key="link") from None
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(self.resume_change_set()) - names)
-        if unknown:
-            raise ConfigError(
-                f"resume_changes names unknown setting(s) {unknown}; use setting names such "
-                "as 'lr,epochs'",
-                key="resume_changes",
-            )
+        validate(self)
 
     def resume_change_set(self) -> tuple[str, ...]:
         """The settings ``resume_changes`` allows to differ (dashes read as underscores)."""
@@ -417,146 +278,6 @@ class TrainConfig:
         return hashlib.sha256(blob).hexdigest()
 
 
-_EXPECTED = {
-    "bool": "true or false (a TOML boolean, not a string)",
-    "int": "an integer",
-    "float": "a finite number",
-    "str": "a string",
-}
-
-
-def check_type(name: str, value: Any, kind: str) -> Any:
-    """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
-
-    No guessing: a bool must be a bool (``"false"`` is refused), an int an int (not ``1.5``,
-    not ``True``), a float any finite number (an int becomes a float), a str a str.
-
-    Raises:
-        ConfigError: naming the setting, the value and what was expected.
-    """
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value),
-        "str": isinstance(value, str),
-    }[kind]
-    if not ok:
-        raise ConfigError(f"{name} = {value!r}: expected {_EXPECTED[kind]}", key=name)
-    return float(value) if kind == "float" else value
-
-
-def make_config(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> TrainConfig:
-    """A :class:`TrainConfig` from ``values``; an error names where the faulty value came from.
-
-    Args:
-        values: settings by field name.
-        sources: where each value was set, e.g. ``{"lr": "--lr", "epochs": "run.toml line 3"}``.
-
-    Raises:
-        ConfigError: an unknown or invalid setting, with its source appended.
-    """
-    known = {f.name for f in config_fields()}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown}")
-    try:
-        return TrainConfig(**values)
-    except ConfigError as e:
-        where = (sources or {}).get(e.key or "")
-        if where:
-            raise ConfigError(f"{e} (set by {where})", key=e.key) from None
-        raise
-
-
-def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
-    """The settings that change the result and differ from a checkpoint's, as ``name: a -> b``.
-
-    Operational settings (paths, checkpoint cadence, watchdog, display) and those named in
-    ``config.resume_changes`` may differ. A setting the checkpoint does not know (added
-    since) counts as different only when it is not at its default.
-    """
-    allowed = set(config.resume_change_set())
-    out = []
-    for f in config_fields():
-        if f.metadata["operational"] or f.name in allowed:
-            continue
-        now = getattr(config, f.name)
-        before = saved.get(f.name, f.default)
-        if json.dumps(before) != json.dumps(now):
-            out.append(f"{f.name}: {before!r} -> {now!r}")
-    return out
-
-
 def config_fields() -> list[dataclasses.Field[Any]]:
     """The fields of :class:`TrainConfig`, in declaration order."""
     return list(dataclasses.fields(TrainConfig))
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read settings from a TOML file: top-level ``key = value`` pairs named like the fields.
-
-    Tables (``[sync]``) are allowed for grouping; their keys are read as if top-level.
-    Dashes in keys are read as underscores (``batch-size`` = ``batch_size``).
-
-    Raises:
-        ConfigError: the file cannot be parsed, or a key is not a setting.
-    """
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from e
-    flat: dict[str, Any] = {}
-    for key, value in raw.items():
-        items = value.items() if isinstance(value, dict) else [(key, value)]
-        for k, v in items:
-            flat[k.replace("-", "_")] = v
-    known = {f.name for f in config_fields()}
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise ConfigError(
-            f"{path}: unknown setting(s) {unknown}; see 'jobs/train.py --help' for the names"
-        )
-    return flat
-
-
-_TOML_KEY = re.compile(r"""^\s*["']?([A-Za-z0-9_-]+)["']?\s*=""")
-
-
-def toml_sources(path: str | Path) -> dict[str, str]:
-    """Where each key of a TOML file is set, as ``{"lr": "run.toml line 3"}`` (for messages)."""
-    out: dict[str, str] = {}
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return out
-    for number, line in enumerate(lines, start=1):
-        m = _TOML_KEY.match(line)
-        if m:
-            out.setdefault(m.group(1).replace("-", "_"), f"{path} line {number}")
-    return out
-
-
-def check_same_config(config: TrainConfig, group: Group | None = None) -> None:
-    """Refuse to train unless every rank has the same settings (compared by digest first).
-
-    Raises:
-        ConfigError: on every rank, naming each differing setting and the ranks' values.
-    """
-    digests = comm.allgather_object(config.digest(), group)
-    if len(set(digests)) == 1:
-        return
-    shared = comm.allgather_object(config.shared(), group)
-    diffs = []
-    for name in shared[0]:
-        values = [s[name] for s in shared]
-        if len({json.dumps(v) for v in values}) > 1:
-            per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
-            diffs.append(f"{name} ({per_rank})")
-    raise ConfigError(
-        "the ranks run different configurations; differing settings: "
-        + "; ".join(diffs)
-        + ". Launch every rank with the same flags and config file."
-    )

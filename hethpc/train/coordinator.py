@@ -13,7 +13,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.sync import SyncRecord
 from hethpc.train import parts
-from hethpc.train.config import make_config
+from hethpc.train.config_sources import make_config
 from hethpc.train.guards import check_same_model, local_nonfinite, nonfinite_ranks
 
 

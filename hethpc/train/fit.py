@@ -11,7 +11,8 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, as_dataset
-from hethpc.train.config import ConfigError, TrainConfig, make_config
+from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.config_sources import make_config
 from hethpc.train.loop import Metric, RunResult, accuracy, run_training, sample_shape, start_run
 from hethpc.train.losses import LOSSES, Loss, mse
 

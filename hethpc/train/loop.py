@@ -28,7 +28,8 @@ from hethpc.models import build_model
 from hethpc.sync import average_model_
 from hethpc.train import parts
 from hethpc.train.checkpoint import CheckpointManager
-from hethpc.train.config import ConfigError, TrainConfig, check_same_config, resume_differences
+from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.config_compare import check_same_config, resume_differences
 from hethpc.train.engine import check_pipeline_config, make_engine
 from hethpc.train.errors import NonFiniteError
 from hethpc.train.evaluation import Metric, accuracy, evaluate, metric_key

@@ -1,0 +1,203 @@
+"""The rules a training configuration must meet: types, ranges and settings that conflict.
+
+Each error names the setting (``ConfigError.key``), what it got and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from hethpc.comm import LinkError, parse_link
+from hethpc.train.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hethpc.train.config import TrainConfig
+
+_EXPECTED = {
+    "bool": "true or false (a TOML boolean, not a string)",
+    "int": "an integer",
+    "float": "a finite number",
+    "str": "a string",
+}
+
+
+def check_type(name: str, value: Any, kind: str) -> Any:
+    """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
+
+    No guessing: a bool must be a bool (``"false"`` is refused), an int an int (not ``1.5``,
+    not ``True``), a float any finite number (an int becomes a float), a str a str.
+
+    Raises:
+        ConfigError: naming the setting, the value and what was expected.
+    """
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value),
+        "str": isinstance(value, str),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"{name} = {value!r}: expected {_EXPECTED[kind]}", key=name)
+    return float(value) if kind == "float" else value
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Coerce each setting of ``cfg`` to its type (in place) and check the rules between them.
+
+    Raises:
+        ConfigError: naming the setting at fault, its value and what was expected.
+    """
+    for f in dataclasses.fields(cfg):
+        object.__setattr__(cfg, f.name, check_type(f.name, getattr(cfg, f.name), str(f.type)))
+        choices = f.metadata.get("choices")
+        value = getattr(cfg, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}", key=f.name)
+    positive = (
+        "samples",
+        "epochs",
+        "batch_size",
+        "keep_checkpoints",
+        "sync_window",
+        "fedavg_period",
+        "batch_interval",
+        "b_min",
+        "labels_per_rank",
+        "pipeline_stages",
+        "micro_batches",
+    )
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}", key=name)
+    for name in ("lr", "dirichlet_alpha", "outer_lr"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}", key=name)
+    for name in (
+        "max_steps",
+        "checkpoint_every",
+        "eval_every",
+        "max_skipped_steps",
+        "watchdog_s",
+        "watchdog_max_s",
+        "progress_every_s",
+        "threshold",
+        "weight_decay",
+        "staleness",
+    ):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(
+                f"{name} must not be negative, got {getattr(cfg, name)}", key=name
+            )
+    for name in ("inject_alpha", "inject_beta"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {getattr(cfg, name)}", key=name)
+    if cfg.max_local_steps < -1:
+        raise ConfigError(
+            f"max_local_steps must be -1 (auto), 0 (no bound) or more, got "
+            f"{cfg.max_local_steps}",
+            key="max_local_steps",
+        )
+    for name in ("momentum", "outer_momentum"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(
+                f"{name} must be in [0, 1), got {getattr(cfg, name)}", key=name
+            )
+    if cfg.outer_optimizer != "none" and (
+        cfg.sync in ("bsp", "ssp") or (cfg.sync == "selsync" and cfg.aggregation == "grads")
+    ):
+        what = {"bsp": "bsp averages gradients", "ssp": "ssp adds updates"}.get(
+            cfg.sync, "selsync with aggregation grads averages gradients"
+        )
+        raise ConfigError(
+            f"outer_optimizer = {cfg.outer_optimizer!r} steps on averaged parameters, but "
+            f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
+            "local",
+            key="outer_optimizer",
+        )
+    if not 0.0 < cfg.drift_smoothing <= 1.0:
+        raise ConfigError(
+            f"drift_smoothing must be in (0, 1], got {cfg.drift_smoothing}",
+            key="drift_smoothing",
+        )
+    if cfg.drift_correction == "on" and (
+        cfg.sync in ("bsp", "ssp") or (cfg.sync == "selsync" and cfg.aggregation == "grads")
+    ):
+        raise ConfigError(
+            f"drift_correction = 'on' corrects local steps between parameter averages, but "
+            f"sync {cfg.sync}"
+            + (" with aggregation grads" if cfg.sync == "selsync" else "")
+            + " has none; use sync selsync (aggregation params), fedavg or local, or "
+            "drift_correction auto",
+            key="drift_correction",
+        )
+    if cfg.rebalance == "on" and cfg.pipeline_stages > 1:
+        raise ConfigError(
+            "rebalance = 'on' moves samples between data-parallel ranks, which is not built "
+            "for pipeline runs; use rebalance auto or off with pipeline_stages > 1",
+            key="rebalance",
+        )
+    if cfg.rebalance == "on" and cfg.sync == "ssp":
+        raise ConfigError(
+            "sync ssp lets ranks step at their own pace, but rebalancing exchanges samples "
+            "between ranks every step; use rebalance auto or off with ssp",
+            key="rebalance",
+        )
+    if cfg.overlap and (cfg.sync != "bsp" or cfg.pipeline_stages > 1):
+        raise ConfigError(
+            f"overlap sends BSP's gradients during the backward pass, but this run uses sync "
+            f"{cfg.sync} with {cfg.pipeline_stages} pipeline stage(s); use it with sync "
+            "bsp and pipeline_stages 1, or turn it off",
+            key="overlap",
+        )
+    if cfg.inner_steps == "speed" and cfg.sync not in ("fedavg", "local"):
+        raise ConfigError(
+            f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
+            f"{cfg.sync} has none to size; use sync fedavg (with outer_optimizer nesterov: "
+            "DiLoCo) or local",
+            key="inner_steps",
+        )
+    if cfg.inner_steps == "speed" and cfg.batching == "uniform":
+        raise ConfigError(
+            "inner_steps = 'speed' follows each rank's measured speed through its batch "
+            "size, but batching uniform gives every rank the same; use batching dynamic",
+            key="inner_steps",
+        )
+    if cfg.sync == "ssp" and cfg.batching == "dynamic":
+        raise ConfigError(
+            "sync ssp lets ranks step at their own pace, but batching dynamic re-splits the "
+            "batch in a collective every batch_interval steps, which would hold them "
+            "together; use batching uniform or static with ssp",
+            key="batching",
+        )
+    if cfg.sync == "ssp" and cfg.inject_alpha > 0:
+        raise ConfigError(
+            "sync ssp lets ranks step at their own pace, but data injection exchanges "
+            "samples between ranks every step; use inject_alpha 0 with ssp",
+            key="inject_alpha",
+        )
+    if cfg.b_min > cfg.batch_size:
+        raise ConfigError(
+            f"b_min = {cfg.b_min} is larger than batch_size = {cfg.batch_size}", key="b_min"
+        )
+    if cfg.watchdog_s and cfg.watchdog_max_s < cfg.watchdog_s:
+        raise ConfigError(
+            f"watchdog_max_s = {cfg.watchdog_max_s} is below watchdog_s = "
+            f"{cfg.watchdog_s}; the ceiling must be at least the floor",
+            key="watchdog_max_s",
+        )
+    try:
+        parse_link(cfg.link)
+    except LinkError as e:
+        raise ConfigError(str(e), key="link") from None
+    names = {f.name for f in dataclasses.fields(cfg)}
+    unknown = sorted(set(cfg.resume_change_set()) - names)
+    if unknown:
+        raise ConfigError(
+            f"resume_changes names unknown setting(s) {unknown}; use setting names such "
+            "as 'lr,epochs'",
+            key="resume_changes",
+        )
