@@ -11,10 +11,13 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, as_dataset
+from hethpc.train.build import sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.config_sources import make_config
-from hethpc.train.loop import Metric, RunResult, accuracy, run_training, sample_shape, start_run
+from hethpc.train.evaluation import Metric, accuracy
+from hethpc.train.loop import RunResult, run_training
 from hethpc.train.losses import LOSSES, Loss, mse
+from hethpc.train.start import start_run
 
 
 def _regression(data: Any) -> bool:

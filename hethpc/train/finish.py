@@ -1,0 +1,78 @@
+"""Finishing a run: its summary, the same on every rank, written to ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hethpc import comm
+from hethpc.comm import LinkStats, ReduceOp
+from hethpc.train import parts
+from hethpc.train.assembly import RunParts
+from hethpc.train.config import TrainConfig
+from hethpc.train.tally import Tally
+
+
+def summarize(
+    cfg: TrainConfig,
+    run: RunParts,
+    tally: Tally,
+    *,
+    key: str,
+    score: float | None,
+    elapsed: float,
+    emulated: LinkStats,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """The run's summary (a collective: the losses come from the rank that computes them).
+
+    Rank 0 writes it to ``run_dir / "summary.json"``.
+    """
+    rank, size, total = comm.rank(), comm.size(), run.total
+    done = total - tally.start
+    # The policy counts only this process's steps (and BSP counts skipped steps as synced):
+    # the job's own counts, carried through checkpoints, win.
+    policy_figures = {
+        k: v
+        for k, v in parts.policy_summary(run.policy).items()
+        if k not in ("steps", "synced_steps", "sync_fraction")
+    }
+    # First and final (mean of the last 10) loss, from the rank that reports them.
+    first_loss, last_losses = tally.first_loss, tally.last_losses
+    reports = rank == run.engine.loss_rank and first_loss is not None and last_losses
+    first_last = np.array(
+        [float(first_loss), float(torch.stack(list(last_losses)).mean())]  # type: ignore[arg-type]
+        if reports
+        else [0.0, 0.0]
+    )
+    first_last = comm.allreduce_array(first_last, ReduceOp.SUM)
+    synced, elapsed0 = tally.synced, tally.elapsed0
+    summary = {
+        **policy_figures,
+        key: score,
+        "time_s": elapsed,
+        "steps": total,
+        "synced_steps": synced,
+        "samples_per_s": done * cfg.batch_size / max(elapsed - elapsed0, 1e-9) if done else None,
+        "sync_fraction": synced / total if total else None,
+        "skipped_steps": tally.skipped,
+        "first_loss": float(first_last[0]) if done else None,
+        "final_loss": float(first_last[1]) if done else None,
+        "final_batch_sizes": [int(s) for s in np.asarray(run.controller.batch_sizes)],
+        "world_size": size,
+        **(
+            {"link": cfg.link, "comm_real_s": emulated.real_s,
+             "comm_emulated_wait_s": emulated.waited_s}
+            if cfg.link
+            else {}
+        ),  # fmt: skip
+        **run.engine.summary_fields(),
+        "config": cfg.shared(),
+    }
+    if rank == 0:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

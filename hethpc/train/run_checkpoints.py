@@ -1,0 +1,98 @@
+"""A run's checkpoints: resuming from the latest one and saving one at a step (collectives)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hethpc import comm
+from hethpc.train.checkpoint import CheckpointManager
+from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.config_compare import resume_differences
+from hethpc.train.engine import Engine
+from hethpc.train.metrics import MetricsWriter
+from hethpc.train.state import Components, gather_state, restore_state
+from hethpc.train.tally import Tally
+from hethpc.train.watchdog import Watchdog
+
+
+class RunCheckpoints:
+    """The checkpoints of one run, in ``run_dir / "checkpoints"``.
+
+    Args:
+        cfg: the run's settings.
+        run_dir: the run directory.
+        engine: the step engine (whether each rank saves its own state).
+        components: what a checkpoint saves and restores.
+        tally: the loop's counts (the time, synced and skipped steps travel in checkpoints).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        engine: Engine,
+        components: Components,
+        tally: Tally,
+    ) -> None:
+        self.cfg, self.components, self.tally = cfg, components, tally
+        self.manager = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+        self.saves_own_state = engine.saves_own_state
+        # Each rank saves its own model and optimizer state when replicas may differ, or when
+        # each rank holds a different pipeline stage.
+        self.own_state = cfg.sync != "bsp" or engine.saves_own_state
+
+    def resume(self, say: Callable[[str], None]) -> None:
+        """Restore the latest checkpoint into the components and the tally (a collective).
+
+        Rank 0 reads it and checks its settings against this run's; every rank raises alike.
+
+        Raises:
+            ConfigError: the checkpoint's settings differ from this run's.
+        """
+        cfg, ckpts, tally, size = self.cfg, self.manager, self.tally, comm.size()
+        found = ckpts.load_latest() if comm.rank() == 0 else None
+        changed = resume_differences(found[1]["config"], cfg) if found is not None else []
+        if found is not None and self.saves_own_state and found[1]["world_size"] != size:
+            changed.append(f"world size: {found[1]['world_size']} -> {size} (pipeline stages "
+                           "resume only on the same layout)")  # fmt: skip
+        if changed:
+            found = None  # not broadcast: every rank raises below
+        found, changed = comm.broadcast_object((found, changed))
+        if changed:
+            raise ConfigError(
+                f"--resume: these settings differ from the checkpoint's in {ckpts.directory}: "
+                + "; ".join(changed)
+                + ". Resume with the checkpoint's settings, or allow the change with "
+                + "--resume-changes "
+                + ",".join(c.split(":")[0] for c in changed if not c.startswith("world size"))
+            )
+        if found is None:
+            say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
+        else:
+            tally.start, state = found
+            tally.elapsed0 = float(state["elapsed_s"])
+            counters = state.get("counters", {})
+            tally.synced = int(counters.get("synced", 0))
+            tally.skipped = int(counters.get("skipped", 0))
+            same = restore_state(state, self.components, seed=cfg.seed)
+            how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
+            say(f"hethpc: resumed from step {tally.start}{how}")
+
+    def save(self, step: int, *, metrics: MetricsWriter, dog: Watchdog) -> Path | None:
+        """Save the run's state after ``step`` steps (a collective); the file, on the saver."""
+        metrics.flush()  # the records up to a checkpoint are on disk before it is
+        dog.kick(step, "checkpoint")
+        tally = self.tally
+        state = gather_state(
+            self.components,
+            step=step,
+            elapsed_s=tally.elapsed(),
+            config=self.cfg.to_dict(),
+            replicas_differ=self.own_state,
+            counters={"synced": tally.synced, "skipped": tally.skipped},
+        )
+        path = self.manager.save(state, step) if state is not None else None
+        dog.kick(step, "barrier")
+        comm.barrier()
+        return path
