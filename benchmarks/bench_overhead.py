@@ -16,7 +16,11 @@ every timed scope. The contenders:
 - ``overlap``: the same with ``BSP(overlap=True)``: 25 MB buckets allreduced by Horovod while
   the backward pass runs (``before_backward`` each step);
 - ``job``: ``hethpc.train.train`` with BSP (loader, batch controller, sync policy, non-finite
-  guard, metrics, watchdog), i.e. ``jobs/train.py``; it runs on its own after the others.
+  guard, metrics, watchdog), i.e. ``jobs/train.py``. On the small CNN it takes its turn in
+  each round like the others: round ``e`` resumes the job's run for its epoch ``e`` (a
+  checkpoint at each run's end), and its epoch time is the sum of that epoch's step times from
+  its step records, the first step (which rebuilds the run's buffers after the resume) counted
+  at the epoch's median step time. On the large model it runs after the others.
 
 Two models. The small 1-D CNN of MNIST-1D (8k parameters, global batch 128, 40,000 samples):
 compute-bound, one epoch per contender in turn (``--epochs`` rounds), the median epoch time
@@ -129,24 +133,38 @@ class Loop:
         return time.perf_counter() - t0
 
 
-def job_steps(run_dir: Path) -> list[float]:
+def job_steps(run_dir: str) -> list[float]:
     """Rank 0's seconds of each step of a job, from its step records."""
-    times = [float(r["time"]) for r in read_metrics(run_dir / "metrics" / "rank0.jsonl")
+    times = [float(r["time"]) for r in read_metrics(Path(run_dir) / "metrics" / "rank0.jsonl")
              if r["kind"] == "step"]  # fmt: skip
     return list(np.diff([0.0, *times]))
 
 
-def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *,
-            epochs: int = 0, max_steps: int = 0) -> tuple[Path, dict]:  # fmt: skip
-    run_dir = comm.broadcast_object(tempfile.mkdtemp(prefix="hethpc-bench-") if comm.rank() == 0
-                                    else "")  # fmt: skip
+def new_run_dir() -> str:
+    return comm.broadcast_object(tempfile.mkdtemp(prefix="hethpc-bench-") if comm.rank() == 0
+                                 else "")  # fmt: skip
+
+
+def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *, run_dir: str,
+            epochs: int = 0, max_steps: int = 0, resume: bool = False) -> dict:  # fmt: skip
+    """Train (or with ``resume``, continue) the job in ``run_dir``; its summary."""
     cfg = TrainConfig(
         samples=args.samples, cache_dir=cache, model=model, epochs=max(epochs, 1),
         max_steps=max_steps, batch_size=batch, lr=args.lr, momentum=0.9, seed=args.seed,
         sync="bsp", eval_every=0, progress=False, run_dir=run_dir, watchdog_s=300,
+        resume=resume, resume_changes="epochs" if resume else "",
     )  # fmt: skip
-    result = train(cfg, overwrite=True, log=lambda m: say("  " + m))
-    return Path(run_dir), result.summary
+    return train(cfg, overwrite=not resume, log=lambda m: None).summary
+
+
+def job_epoch(run_dir: str, epoch: int) -> float:
+    """Rank 0's seconds of the job's ``epoch`` from its step records; its first step (which
+    follows the resume) is counted at the epoch's median step time."""
+    recs = [r for r in read_metrics(Path(run_dir) / "metrics" / "rank0.jsonl")
+            if r["kind"] == "step"]  # fmt: skip
+    times = [0.0, *(float(r["time"]) for r in recs)]
+    steps = [times[i + 1] - times[i] for i, r in enumerate(recs) if r["epoch"] == epoch]
+    return statistics.median(steps) + sum(steps[1:])
 
 
 def ratios(times: dict[str, list[float]], a: str, b: str) -> float:
@@ -201,19 +219,17 @@ def worker(args: argparse.Namespace) -> None:
     say(f"\ncnn1d (8k parameters), global batch {args.batch_size}, {args.epochs} rounds of one "
         "epoch each:")  # fmt: skip
     loops = {k: Loop(k, "cnn1d", train_set, args, args.batch_size) for k in PEERS}
-    times: dict[str, list[float]] = {k: [] for k in PEERS}
+    times: dict[str, list[float]] = {k: [] for k in (*PEERS, "job")}
+    job_dir = new_run_dir()
     for e in range(args.epochs):
         for k, loop in loops.items():
             times[k].append(loop.run(e, range(loop.steps_per_epoch)))
-        say(f"  epoch {e + 1}: " + "  ".join(f"{k} {times[k][-1]:.2f} s" for k in PEERS))
+        summary = run_job(args, cache, "cnn1d", args.batch_size, run_dir=job_dir, epochs=e + 1,
+                          resume=e > 0)  # fmt: skip
+        times["job"].append(comm.broadcast_object(job_epoch(job_dir, e) if rank == 0 else 0.0))
+        say(f"  epoch {e + 1}: " + "  ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
     accs = {k: evaluate(loop.model, test_set) for k, loop in loops.items()}
-    say("  the job (jobs/train.py's loop, BSP):")
-    run_dir, summary = run_job(args, cache, "cnn1d", args.batch_size, epochs=args.epochs)
-    steps = job_steps(run_dir) if rank == 0 else []
-    spe = loops["hethpc"].steps_per_epoch
-    job_epochs = [sum(steps[i : i + spe]) for i in range(0, len(steps) - spe + 1, spe)]
     med = {k: statistics.median(v) for k, v in times.items()}
-    med["job"] = statistics.median(job_epochs) if job_epochs else float(summary["time_s"])
     accs["job"] = float(summary["test_acc"])
     small = {
         "epoch_s": {k: round(v, 4) for k, v in med.items()},
@@ -221,8 +237,8 @@ def worker(args: argparse.Namespace) -> None:
         "hethpc_vs_horovod": round(ratios(times, "hethpc", "horovod"), 4),
         "hethpc_vs_ddp": round(ratios(times, "hethpc", "ddp"), 4),
         "overlap_vs_hethpc": round(ratios(times, "overlap", "hethpc"), 4),
-        "job_vs_horovod": round(med["job"] / med["horovod"], 4),
-        "job_vs_ddp": round(med["job"] / med["ddp"], 4),
+        "job_vs_horovod": round(ratios(times, "job", "horovod"), 4),
+        "job_vs_ddp": round(ratios(times, "job", "ddp"), 4),
     }
     say("  median epoch: " + "  ".join(f"{k} {v:.3f} s" for k, v in med.items()))
     say(f"  hethpc/horovod {small['hethpc_vs_horovod']}, hethpc/ddp {small['hethpc_vs_ddp']}, "
@@ -242,7 +258,8 @@ def worker(args: argparse.Namespace) -> None:
             times[k].append(loop.run(0, steps_r) / args.steps)
         say(f"  round {r + 1}: " + "  ".join(f"{k} {1e3 * times[k][-1]:.1f} ms" for k in PEERS))
     say("  the job:")
-    run_dir, summary = run_job(args, cache, "large", b, max_steps=args.rounds * args.steps)
+    run_dir = new_run_dir()
+    run_job(args, cache, "large", b, run_dir=run_dir, max_steps=args.rounds * args.steps)
     steps = job_steps(run_dir)[1:] if rank == 0 else []  # the first step builds buffers
     med = {k: statistics.median(v) for k, v in times.items()}
     med["job"] = statistics.median(steps) if steps else float("nan")
