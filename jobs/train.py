@@ -32,6 +32,7 @@ from hethpc.train import (
     toml_sources,
     train,
 )
+from hethpc.train.device import this_device
 
 PROG = "jobs/train.py"
 # Environment variables that hold this process's rank under the common launchers; read before
@@ -182,6 +183,7 @@ def run(argv: list[str] | None) -> int:
         raise ConfigError(
             f"--fault names rank(s) {outside}, but the job has ranks 0-{size - 1}"
         )
+    this_device(cfg.device, comm.local_rank())  # --device cuda without a GPU: stop before starting
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result = train(cfg, faults=tuple(args.fault), overwrite=args.overwrite)
     if comm.rank() == 0:

@@ -21,6 +21,7 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset, to_inputs, to_targets
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
 from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -63,12 +64,8 @@ def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
 class DataParallel:
     """Every rank holds the whole model and takes its own share of each global batch."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.device = (
-            torch.device(f"cuda:{comm.local_rank() % torch.cuda.device_count()}")
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+    def __init__(self, model: nn.Module, device: torch.device | None = None) -> None:
+        self.device = device if device is not None else this_device("auto", comm.local_rank())
         self.module = model.to(self.device)
         self.group: Group | None = None  # the world
         self.replica, self.replicas = comm.rank(), comm.size()
@@ -85,7 +82,7 @@ class DataParallel:
         self.zero_in_place = False
 
     def describe(self) -> str:
-        return f"{comm.size()} rank(s), data-parallel"
+        return f"{comm.size()} rank(s), data-parallel on {describe_device(self.device)}"
 
     def step_time(self, seconds: float) -> float:
         """This replica's compute time for the batch controller: this rank's own."""
@@ -110,7 +107,7 @@ class DataParallel:
         return {}
 
     def summary_fields(self) -> dict[str, Any]:
-        return {}
+        return run_facts(self.device)
 
     def evaluate(self, data: ArrayDataset, metric: Metric, *, tick: Any = None) -> float:
         """``metric`` over all of ``data`` on this rank alone."""
@@ -125,7 +122,9 @@ class PipelineStage:
     stage's parameters or gradients.
     """
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module) -> None:
+    def __init__(
+        self, cfg: TrainConfig, model: nn.Module, device: torch.device | None = None
+    ) -> None:
         if not isinstance(model, nn.Sequential):
             raise ConfigError(
                 f"model {cfg.model} is not an nn.Sequential, so it cannot be cut into "
@@ -141,6 +140,7 @@ class PipelineStage:
             schedule=cfg.schedule,
             stage_group=groups.stage_group,
             dp_group=None,  # the sync policy synchronises the replicas
+            device=device,
         )
         self.module = self.pipe.module
         self.device = self.pipe.device
@@ -168,7 +168,7 @@ class PipelineStage:
         return (
             f"{comm.size()} ranks = {lay.stages} pipeline stages x {lay.replicas} replica(s), "
             f"layers per stage {list(self.balance)}, {self.pipe.micro_batches} micro-batches "
-            f"({self.pipe.schedule})"
+            f"({self.pipe.schedule}), on {describe_device(self.device)}"
         )
 
     def compute(
@@ -197,6 +197,7 @@ class PipelineStage:
             "pipeline_stages": self.layout.stages,
             "replicas": self.layout.replicas,
             "balance": list(self.balance),
+            **run_facts(self.device),
         }
 
     def evaluate(
@@ -223,7 +224,21 @@ Engine = DataParallel | PipelineStage
 
 def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:
     """The engine for ``cfg``: pipeline stages when ``pipeline_stages > 1``."""
+    device = this_device(cfg.device, comm.local_rank())
     if cfg.pipeline_stages > 1:
         check_pipeline_config(cfg, comm.size())
-        return PipelineStage(cfg, model)
-    return DataParallel(model)
+        return PipelineStage(cfg, model, device)
+    return DataParallel(model, device)
+
+
+def describe_device(device: torch.device) -> str:
+    """``"cpu"``, or the GPU with the paths its transfers take."""
+    if device.type != "cuda":
+        return str(device)
+    t = comm.transfers()
+    return f"{device} (p2p: {t.p2p}; allreduce: {t.allreduce})"
+
+
+def run_facts(device: torch.device) -> dict[str, Any]:
+    """This rank's device and transfer paths, for the run's summary."""
+    return {"device": str(device), "transfers": comm.transfers().as_dict()}

@@ -1,0 +1,53 @@
+"""The device a rank computes on: a pure choice from the setting, its local rank and the GPUs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hethpc.train import ConfigError
+from hethpc.train.device import pick_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "setting, local_rank, gpus, expected",
+    [
+        pytest.param("auto", 0, 0, "cpu", id="auto-no-gpu"),
+        pytest.param("auto", 3, 4, "cuda:3", id="auto-one-rank-per-gpu"),
+        pytest.param("auto", 5, 4, "cuda:1", id="auto-more-ranks-than-gpus"),
+        pytest.param("cuda", 1, 1, "cuda:0", id="cuda-two-ranks-share-one-gpu"),
+        pytest.param("cpu", 0, 8, "cpu", id="cpu-on-a-gpu-node"),
+    ],
+)
+def test_pick_device(setting: str, local_rank: int, gpus: int, expected: str) -> None:
+    assert pick_device(setting, local_rank=local_rank, gpus=gpus) == torch.device(expected)
+
+
+def test_cuda_without_a_gpu_says_how_to_fix_it() -> None:
+    with pytest.raises(ConfigError, match=r"device = 'cuda', but this process sees no GPU.*"
+                       r"CUDA_VISIBLE_DEVICES.*use device cpu or auto"):
+        pick_device("cuda", local_rank=0, gpus=0)
+
+
+def test_unknown_setting() -> None:
+    with pytest.raises(ConfigError, match=r"device = 'tpu' is not one of"):
+        pick_device("tpu", local_rank=0, gpus=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_job_refuses_cuda_without_a_gpu_before_it_starts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "train.py"), "--device", "cuda",
+         "--run-dir", str(run_dir), "--max-steps", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "device = 'cuda', but this process sees no GPU" in proc.stderr
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
