@@ -1,6 +1,6 @@
 """Reader of HDF5-sharded datasets: checks on open, lazy per-process file handles, three read paths.
 
-About 360 lines, one class: the mapped, cached and by-window reads share its per-process state
+About 370 lines, one class: the mapped, cached and by-window reads share its per-process state
 (handles, cache, mapping, lock); their mechanics live in ``mapped``, ``chunk_cache`` and
 ``shard_files``, the checks in ``verify``.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,12 +229,7 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
-        idx = self._check(indices)
-        with self._lock:
-            out = self._read_mapped(idx)
-            if out is None:
-                out = self._cache.gather(*self._sorted(idx), self._read_into)
-        return out, self.labels[idx]
+        return self._read(indices, self._read_cached)
 
     def _check(self, indices: np.ndarray) -> np.ndarray:
         """``indices`` as checked int64 indices; reopens handles in a forked process."""
@@ -277,12 +273,24 @@ class ShardedDataset:
             IndexError: an index is out of range.
             ShardError: a shard cannot be opened or fails its checksum.
         """
+        return self._read(indices, self._read_chunks)
+
+    def _read(
+        self, indices: np.ndarray, unmapped: Callable[[np.ndarray], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Samples and labels at ``indices``: from mapped files, else by ``unmapped`` (called
+        with the checked indices, the lock held)."""
         idx = self._check(indices)
         with self._lock:
             out = self._read_mapped(idx)
             if out is None:
-                out = self._read_chunks(idx)
+                out = unmapped(idx)
         return out, self.labels[idx]
+
+    def _read_cached(self, idx: np.ndarray) -> np.ndarray:
+        """:meth:`read` through the chunk cache, in ascending file order; call with the lock
+        held."""
+        return self._cache.gather(*self._sorted(idx), self._read_into)
 
     def _read_chunks(self, idx: np.ndarray) -> np.ndarray:
         """:meth:`read_window` by whole chunks through one buffer; call with the lock held."""
