@@ -96,7 +96,8 @@ def result(
     memory_rows: int,
 ) -> dict[str, object]:
     """The benchmark's JSON line. ``run``: ``progress_interval``,
-    ``progress_interval_used_s`` and ``mpi_single_copy``, as they were."""
+    ``progress_interval_used_s``, ``mpi_single_copy``, ``device`` and ``transfers``, as they
+    were."""
     B, step_s, ratio_r, stages, idle = batch, t.step_s, t.ratio_r, t.stages, t.idle
     single_sps = B / t.single_s
     alone_sps = B / t.alone_s

@@ -62,7 +62,10 @@ def timed_steps(
 ) -> list[float]:
     """Seconds of each of ``steps`` steps: ``opt.zero_grad()``, ``backward()`` (forward and
     backward of one batch), ``opt.step()``; each after a barrier when ``barrier`` (the ranks
-    start together, as in training where the data arrives together)."""
+    start together, as in training where the data arrives together). On a GPU each time ends
+    after the device has finished the step's kernels."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    cuda = next((p.device for p in params if p.is_cuda), None)
     times = []
     for _ in range(steps):
         if barrier:
@@ -71,5 +74,7 @@ def timed_steps(
         opt.zero_grad()
         backward()
         opt.step()
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
         times.append(time.perf_counter() - t0)
     return times

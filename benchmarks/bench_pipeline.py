@@ -42,6 +42,11 @@ sleeps. The per-stage breakdown (forward/backward ms per micro-batch, waiting pe
 ``speedup_bound_from_stage_speeds``: the speedup if no stage ever waited beyond the schedule's
 own bubble, at the speed the stages actually computed.
 
+``--device`` puts both ranks, the single-rank baseline and the data on the GPU (``auto``, the
+default, when there is one; two ranks may share one GPU); timed steps then end with
+``torch.cuda.synchronize``, and the torch peer rows (gloo, CPU) are skipped. Not yet run on a
+GPU machine.
+
 The default model (2 halves x 4 Linear(1024, 1024)+ReLU, batch 4096, so 512-row micro-batches)
 is one where pipelining pays on CPUs: each micro-batch's compute (tens of ms) dwarfs its
 transfer (2 MiB), and a 512-row matmul runs about as fast per row as the whole batch's. Two
@@ -75,6 +80,7 @@ from hethpc.pipeline import (
     partition_by_params,
     profile_layers,
 )
+from hethpc.train.device import this_device
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,6 +112,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="how hethpc's rows split the layers: by measured time per layer (one micro-batch "
         "timed on rank 0 and broadcast; counts the last stage's loss and the input gradient "
         "that the first stage does not compute) or by parameter count",
+    )
+    p.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="where both ranks compute (auto: GPU <local rank mod GPUs> when there is one, else "
+        "the CPU; two ranks may share one GPU); the torch peer rows (gloo) run on CPU only and "
+        "are skipped on a GPU",
     )
     p.add_argument(
         "--progress-interval", default="auto",
@@ -186,9 +198,10 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     if comm.size() != 2:
         raise SystemExit(f"bench_pipeline needs 2 ranks, got {comm.size()}")
     w, L, B, m = args.width, args.layers, args.batch, args.micro_batches
+    dev = this_device(args.device, comm.local_rank())
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)
-    single_model = make_model(w, L)
+    x, y = torch.randn(B, w, generator=g).to(dev), torch.randn(B, w, generator=g).to(dev)
+    single_model = make_model(w, L).to(dev)
     interval: float | str | None = args.progress_interval
     if interval != "auto":
         interval = float(interval) if float(interval) > 0 else None
@@ -208,11 +221,16 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         f"{profile.whole_s * 1e3:.2f} (bound {profile.whole_s / max(predicted):.3f}x)")
     pipes = {
         k: Pipeline(make_model(w, L), balance=balance, micro_batches=m, schedule=s,
-                    stage_group=comm.world(), progress_interval=interval, split_backward=split)
+                    stage_group=comm.world(), progress_interval=interval, split_backward=split,
+                    device=dev)
         for k, (s, split) in variants.items()
     }
+    if dev.type == "cuda" and args.peers != "none":
+        say("torch.distributed.pipelining peer rows: skipped on a GPU (they run over gloo on CPU)")
+        args.peers = "none"
     peers = make_peers(args.peers, lambda: make_model(w, L), m, loss_fn)
-    say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread")
+    say(f"model: 2 halves x {L} Linear({w},{w})+ReLU, batch {B}, m={m}, 2 ranks x 1 thread, "
+        f"on {dev}")
     # Warm-up, then alternate rounds so that drifting machine load hits both sides alike.
     time_single(single_model, x, y, 1)
     for pipe in pipes.values():
@@ -259,10 +277,11 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     ms = [int(v) for v in args.memory_ms.split(",")]
     for mm in ms:
         rows = mm * args.memory_rows
-        xm, ym = x[:rows] if rows <= B else torch.randn(rows, w), torch.randn(rows, w)
+        xm = x[:rows] if rows <= B else torch.randn(rows, w, device=dev)
+        ym = torch.randn(rows, w, device=dev)
         for s in memory:
             pipe = Pipeline(make_model(w, L), balance=balance, micro_batches=mm,
-                            schedule=s, stage_group=comm.world())
+                            schedule=s, stage_group=comm.world(), device=dev)
             with ActivationMeter() as meter:
                 pipe.train_step(xm, ym, loss_fn)
             peak = max(comm.allgather_object(meter.peak_bytes))
@@ -278,6 +297,8 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "progress_interval": interval,
         "progress_interval_used_s": pipes["1f1b"].current_progress_interval,
         "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
+        "device": str(dev),
+        "transfers": comm.transfers().as_dict(),
     }
     return result(fig, batch=B, m=m, balance_by=args.balance, balance=list(balance),
                   profile=profile, predicted=list(predicted), run=run, memory=memory,
