@@ -8,8 +8,10 @@ beside it: building the run (:mod:`~hethpc.train.assembly`), one step
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,24 @@ class RunResult:
     run_dir: Path
     checkpoint: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep Python's collector off the objects that exist when training starts.
+
+    The interpreter, torch, the data and the model hold a few hundred thousand objects; every
+    full collection walks them all (150-200 ms on the benchmark host, paid by every rank at the
+    same step, inside its allreduce). Frozen (``gc.freeze``), they are skipped until the loop
+    ends; what the steps allocate is still collected. Call ``gc.collect()`` first, so that
+    no garbage is frozen with them.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def train(
@@ -142,6 +162,7 @@ def run_training(
     if bar is not None:
         say = bar.write  # messages from here on never land inside the bar
     last_path: Path | None = None
+    gc.collect()  # before the clock starts; the loop then runs on a frozen heap
     tally.t0 = time.perf_counter()
 
     def tick() -> None:
@@ -160,7 +181,7 @@ def run_training(
         cfg, run, test_set, metric=metric, key=key, metrics=metrics, tick=tick, say=say
     )
     try:
-        with dog:
+        with dog, frozen_heap():
             for step in range(start, total):
                 train_step(step)
                 epoch_end(step, weight=train_step.weight, now=train_step.now)
