@@ -146,7 +146,9 @@ def run_training(
         f"{run.steps_per_epoch} steps per epoch, {total} steps, sync {cfg.sync}, batching "
         f"{cfg.batching}, partition {cfg.partition}"
     )
-    metrics = open_run(run_dir, cfg.to_dict(), csv_log=cfg.csv, tensorboard=cfg.tensorboard)
+    # config.json also records how this run's tensors travel (CUDA-aware MPI, NCCL, staging).
+    recorded = {**cfg.to_dict(), "transfers": comm.transfers().as_dict()}
+    metrics = open_run(run_dir, recorded, csv_log=cfg.csv, tensorboard=cfg.tensorboard)
     comm.set_link(comm.parse_link(cfg.link))  # emulation: every transfer as slow as the link
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
     # caught there, without a per-step vote. Other policies, and pipelines, vote.
