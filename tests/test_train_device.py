@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,21 @@ def test_the_job_refuses_cuda_without_a_gpu_before_it_starts(tmp_path: Path) -> 
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "device = 'cuda', but this process sees no GPU" in proc.stderr
     assert "Traceback" not in proc.stderr and not run_dir.exists()
+
+
+def test_a_run_records_its_device_and_transfer_paths(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "train.py"), "--device", "cpu", "--run-dir",
+         str(run_dir), "--samples", "2000", "--epochs", "1", "--max-steps", "2",
+         "--progress", "false"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = json.loads((run_dir / "config.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert config["device"] == "cpu" and summary["device"] == "cpu"
+    assert config["transfers"] == summary["transfers"]
+    assert set(config["transfers"]) == {"gpu", "cuda_aware_mpi", "cuda_aware_source", "p2p",
+                                        "allreduce"}  # fmt: skip
+    assert "data-parallel on cpu" in proc.stdout
