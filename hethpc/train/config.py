@@ -181,13 +181,6 @@ class TrainConfig:
         choices=("auto", "cuda", "cpu"),
         local=True,
     )
-    device: str = _f(
-        "auto",
-        "where each rank computes: auto (GPU <local rank mod GPUs> when the rank sees a GPU, "
-        "else the CPU), cuda (an error when no GPU is visible) or cpu",
-        choices=("auto", "cuda", "cpu"),
-        local=True,
-    )
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
