@@ -80,7 +80,7 @@ from hethpc.pipeline import (
     partition_by_params,
     profile_layers,
 )
-from hethpc.train.device import this_device
+from hethpc.train import this_device
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -29,10 +29,10 @@ from hethpc.train import (
     format_summary,
     load_toml,
     make_config,
+    this_device,
     toml_sources,
     train,
 )
-from hethpc.train.device import this_device
 
 PROG = "jobs/train.py"
 # Environment variables that hold this process's rank under the common launchers; read before

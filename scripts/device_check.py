@@ -38,7 +38,7 @@ NO_GPU = "skipped: no GPU"
 
 def _rank_device(setting: str) -> Any:
     from hethpc import comm
-    from hethpc.train.device import this_device
+    from hethpc.train import this_device
 
     comm.init()
     return this_device(setting, comm.local_rank())

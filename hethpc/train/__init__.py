@@ -7,6 +7,7 @@ from hethpc.train.config import ConfigError, TrainConfig, config_fields
 from hethpc.train.config_compare import check_same_config, resume_differences
 from hethpc.train.config_sources import load_toml, make_config, toml_sources
 from hethpc.train.coordinator import Coordinator
+from hethpc.train.device import pick_device, this_device
 from hethpc.train.errors import ModelMismatchError, NonFiniteError
 from hethpc.train.evaluation import accuracy, evaluate
 from hethpc.train.faults import Fault
@@ -53,6 +54,7 @@ __all__ = [
     "make_config",
     "make_loss",
     "next_run_dir",
+    "pick_device",
     "resume_differences",
     "toml_sources",
     "local_nonfinite",
@@ -61,6 +63,7 @@ __all__ = [
     "read_metrics",
     "seed_rank",
     "set_rng_state",
+    "this_device",
     "time_to_target",
     "train",
 ]
