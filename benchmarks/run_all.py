@@ -102,6 +102,8 @@ GOALS["bench_dynbatch"].update(
 # Default runs of these also write their tables and plots, which RESULTS.md then includes.
 EXTRA_ARGS = {"bench_tta": ["--plots", str(HERE / "plots"), "--tables", str(HERE / "TTA.md")]}
 INCLUDED = {"bench_tta": HERE / "TTA.md"}
+# Side-by-side comparisons run by hand (A/B of two commits, probes of the host), with dates.
+NOTES = HERE / "NOTES.md"
 
 # Keys whose values are long lists of per-step or per-decision detail: kept out of the table.
 _LONG = 120
@@ -177,6 +179,9 @@ def render(results: dict[str, tuple[dict | None, float, str]], runs: dict[str, s
         if name in results and path.is_file():  # its tables and plots, under its own heading
             body = path.read_text().split("\n", 1)[1]  # without its title
             lines += ["", f"## {name}: `{path.name}`", "", body.strip()]
+    if NOTES.is_file():
+        body = NOTES.read_text().split("\n", 1)[1]
+        lines += ["", f"## Side by side: `{NOTES.name}`", "", body.strip()]
     lines += ["", "## Last JSON line of each benchmark", ""]
     for name, (data, _took, _tail) in results.items():
         if data is not None:
