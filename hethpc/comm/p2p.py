@@ -6,8 +6,9 @@ directly when it is CUDA-aware (:mod:`hethpc.comm.cuda_aware`, probed once); oth
 are staged through pinned host buffers reused across steps (:mod:`hethpc.comm.staging`), the
 device-to-host copy of a send running on a side stream while the caller computes, and the
 fallback is logged once. Either way a CUDA send's bytes go to MPI only once the kernels that
-produced them are done: its payload is posted by a later :meth:`Request.test` or
-:meth:`Request.wait`, in the order the sends were started.
+produced them are done: a poster thread (started at the first CUDA send) waits for each send's
+CUDA event and posts its payload, in the order the sends were started, so the caller never
+blocks on the GPU and the send moves on even while the caller is in another MPI call.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _buffer(t: torch.Tensor) -> Any:
 
 
 class _Payload:
-    """A CUDA send's bytes, posted to MPI once its fence has passed (in call order)."""
+    """A CUDA send's bytes, posted to MPI by the poster once its fence has passed."""
 
     def __init__(
         self, comm: Any, buf: torch.Tensor, fence: staging.Fence, dest: int, tag: int,
@@ -92,25 +93,47 @@ class _Payload:
         self.comm, self.buf, self.fence, self.dest, self.tag = comm, buf, fence, dest, tag
         self.release = release
         self.request: Any = None
+        self.posted = threading.Event()
 
 
-# CUDA payloads not yet posted, oldest first. Posting strictly in this order keeps two sends to
-# one peer with one tag in the order they were started, as MPI's matching requires.
-_unposted: deque[_Payload] = deque()
-_unposted_lock = threading.Lock()
+class _Poster:
+    """One thread that posts CUDA payloads, oldest first, each once its fence has passed.
 
+    Posting strictly in call order keeps two sends to one peer with one tag in the order they
+    were started, as MPI's matching requires. The thread sleeps in the fence's
+    ``synchronize`` (a CUDA event: the GIL is released) and posts under
+    ``MPI_THREAD_MULTIPLE``, which :func:`hethpc.comm.init` requires.
+    """
 
-def _post_ready(through: _Payload | None = None) -> None:
-    """Post the oldest payloads whose fences have passed; waits for fences up to ``through``."""
-    with _unposted_lock:
-        while _unposted:
-            p = _unposted[0]
-            if through is not None and through.request is None:
-                p.fence.synchronize()
-            elif not p.fence.query():
-                return
+    def __init__(self) -> None:
+        self.queue: deque[_Payload] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def put(self, payload: _Payload) -> None:
+        with self._cv:
+            self.queue.append(payload)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hethpc-p2p-poster", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self.queue:
+                    self._cv.wait()
+                p = self.queue[0]
+            p.fence.synchronize()
             p.request = p.comm.Isend(_buffer(p.buf), dest=p.dest, tag=p.tag)
-            _unposted.popleft()
+            with self._cv:
+                self.queue.popleft()
+            p.posted.set()
+
+
+_poster = _Poster()
 
 
 @dataclass
@@ -125,10 +148,10 @@ class Request:
     def _posted(self, block: bool) -> bool:
         p = self._payload
         assert p is not None
-        if p.request is None:
-            _post_ready(p if block else None)
-            if p.request is None:
+        if not p.posted.is_set():
+            if not block:
                 return False
+            p.posted.wait()
         self._requests.append(p.request)
         self._keep.append(p.buf)  # MPI reads it until the send completes
         self._release = p.release
@@ -198,11 +221,8 @@ def _isend_cuda(tensor: torch.Tensor, dest: int, tag: int, g: Group, route: str)
     comm = g.mpi_comm
     r1 = comm.isend(header, dest=dest, tag=2 * tag)
     payload = _Payload(comm, buf, fence, dest, 2 * tag + 1, release)
-    with _unposted_lock:
-        _unposted.append(payload)
-    req = Request([r1], [tensor], payload)
-    _post_ready()  # at once when the bytes are ready already (a CPU tensor in tests)
-    return req
+    _poster.put(payload)
+    return Request([r1], [tensor], payload)
 
 
 def send_tensor(

@@ -1,13 +1,16 @@
 """The CUDA send and receive paths of hethpc.comm.p2p, driven with CPU tensors on real ranks.
 
 Without a GPU the paths a CUDA tensor takes (pinned staging, or straight to a CUDA-aware MPI)
-run here on CPU tensors: the same deferred posting (a payload goes to MPI only once its fence
-has passed, in the order the sends started), the same buffer pool and the same receive side.
+run here on CPU tensors: the same deferred posting (the poster thread hands a payload to MPI only
+once its fence has passed, in the order the sends started), the same buffer pool and the same
+receive side.
 What only a GPU shows (pinned memory, side-stream copies, CUDA events, mpi4py reading device
 memory) is not run here.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -16,18 +19,17 @@ from hethpc import comm
 from hethpc.comm import p2p, staging
 
 
-class Later:
-    """A fence that passes after ``n`` queries."""
+class Gate:
+    """A fence that passes when the test opens it (a CUDA event whose copy is still running)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self) -> None:
+        self.open = threading.Event()
 
     def query(self) -> bool:
-        self.n -= 1
-        return self.n < 0
+        return self.open.is_set()
 
     def synchronize(self) -> None:
-        self.n = -1
+        self.open.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +52,23 @@ def test_sends_with_one_tag_arrive_in_order_whatever_their_fences(
     g = comm.world()
     count = 5
     if r == 0:
-        delays = iter(range(count, 0, -1))  # later sends' copies "finish" sooner
+        gates = [Gate() for _ in range(count)]
+        it = iter(gates)
         real = staging.to_host
 
-        def slow_to_host(t: torch.Tensor, pool: staging.HostBuffers) -> tuple[torch.Tensor, Later]:
+        def slow_to_host(t: torch.Tensor, pool: staging.HostBuffers) -> tuple[torch.Tensor, Gate]:
             host, _ = real(t, pool)
-            return host, Later(next(delays))
+            return host, next(it)
 
         monkeypatch.setattr(staging, "to_host", slow_to_host)
-        monkeypatch.setattr(staging, "ready_fence", lambda _t: Later(next(delays)))
+        monkeypatch.setattr(staging, "ready_fence", lambda _t: next(it))
         reqs = [p2p._isend_cuda(_value(k), 1, 7, g, route) for k in range(count)]
-        assert not reqs[-1].test()  # its bytes are "not ready", nor are the earlier ones
-        while not all(q.test() for q in reqs):
-            pass
+        assert not any(q.test() for q in reqs)  # no copy has "finished": nothing is posted
+        for gate in reversed(gates):  # later sends' copies finish first
+            gate.open.set()
         for q in reqs:
             q.wait()
-        assert not p2p._unposted
+        assert not p2p._poster.queue
     elif r == 1:
         for k in range(count):
             req = p2p.RecvRequest(g.mpi_comm, 0, 7, torch.device("cpu"), route=route)
@@ -101,7 +104,7 @@ def test_cpu_tensors_never_touch_the_pool(world: tuple[int, int]) -> None:
         comm.send_tensor(_value(1), 1, tag=11)
     elif r == 1:
         torch.testing.assert_close(comm.recv_tensor(0, tag=11), _value(1))
-    assert staging.pool().allocated == made and not p2p._unposted
+    assert staging.pool().allocated == made and not p2p._poster.queue
     comm.barrier()
 
 
@@ -128,3 +131,28 @@ def test_staged_collectives_give_the_same_sums(
     torch.nn.init.constant_(model.weight, float(r))
     comm.broadcast_model(model)
     torch.testing.assert_close(model.weight, torch.zeros(2, 3), check_device=False)
+
+
+def test_a_staged_send_moves_while_its_sender_waits_in_another_mpi_call(
+    world: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sender enters a barrier without waiting for its send; the receiver needs the tensor
+    before it reaches the barrier. The poster thread posts it once its copy is done."""
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    g = comm.world()
+    if r == 0:
+        gate = Gate()
+        real = staging.to_host
+        monkeypatch.setattr(staging, "to_host", lambda t, pool: (real(t, pool)[0], gate))
+        req = p2p._isend_cuda(_value(9), 1, 5, g, p2p.STAGED)
+        threading.Timer(0.2, gate.open.set).start()  # the copy "finishes" while in the barrier
+        comm.barrier()
+        req.wait()
+    elif r == 1:
+        got = p2p.RecvRequest(g.mpi_comm, 0, 5, torch.device("cpu"), route=p2p.STAGED).wait()
+        torch.testing.assert_close(got, _value(9))
+        comm.barrier()
+    else:
+        comm.barrier()
