@@ -53,12 +53,22 @@ def rank_allreduce(setting: str) -> dict[str, Any]:
     dev = _rank_device(setting)
     n = comm.size()
     t = torch.full((1024,), float(comm.rank() + 1), device=dev)
-    out = comm.allreduce(t, comm.ReduceOp.SUM) if n > 1 else t.clone()
+    via = "hethpc.comm.allreduce"
+    if n > 1:
+        out = comm.allreduce(t, comm.ReduceOp.SUM)
+    elif dev.type == "cuda":
+        # hethpc makes no collective call on one rank; ask Horovod itself, so the NCCL build
+        # runs an allreduce even on a machine with one GPU.
+        import horovod.torch as hvd
+
+        out, via = hvd.allreduce(t, op=hvd.Sum, name="device_check"), "horovod (1 rank)"
+    else:
+        out, via = t.clone(), "none (1 rank)"
     want = n * (n + 1) / 2
     got = float(out[0])
     ok = bool(torch.all(out == want))
-    return {"ranks": n, "device": str(dev), "sum": got, "expected": want, "right": ok,
-            "transfers": comm.transfers().as_dict()}  # fmt: skip
+    return {"ranks": n, "device": str(dev), "via": via, "sum": got, "expected": want,
+            "right": ok, "transfers": comm.transfers().as_dict()}  # fmt: skip
 
 
 def rank_pipeline(setting: str, small: bool) -> dict[str, Any]:
@@ -244,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     elif gpus == 1:
         res["nccl_allreduce"] = ("1 rank only: one GPU here, and NCCL needs one GPU per rank "
                                  "(two ranks on one GPU are refused as a duplicate GPU)")
+        # Informational, not counted in "ok": what 2 ranks sharing the one GPU really do.
+        res["nccl_two_ranks_one_gpu"] = _ranks_result(2, "allreduce", dev, args.small, 40)
     else:
         res["nccl_allreduce"] = res["allreduce"]["status"]
     say("3/5 jobs/train.py")
