@@ -189,3 +189,14 @@ def test_say_once(caplog: pytest.LogCaptureFixture) -> None:
         for _ in range(3):
             staging.say_once("test-key", "staged")
     assert [r.getMessage() for r in caplog.records] == ["hethpc.comm: staged"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinned memory works here")
+def test_pool_falls_back_to_pageable_memory_when_pinning_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = staging.HostBuffers(pin=True)  # no CUDA here: page-locking is refused
+    with caplog.at_level("WARNING", logger="hethpc.comm"):
+        a, b = pool.take(16), pool.take(16)
+    assert a.numel() == b.numel() == 16 and not a.is_pinned() and pool.pin is False
+    assert any("pageable memory" in r.getMessage() for r in caplog.records)

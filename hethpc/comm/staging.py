@@ -72,7 +72,14 @@ class HostBuffers:
             if free:
                 return free.pop()
             self.allocated += 1
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        if self.pin:
+            try:
+                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError as e:  # page-locking refused (a container's memlock limit)
+                self.pin = False
+                say_once("pin", f"pinned host memory unavailable ({e}); staging through "
+                                "pageable memory instead (its copies are not asynchronous)")
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def give(self, buffer: torch.Tensor, fence: Fence = PASSED) -> None:
         """Return ``buffer`` (from :meth:`take`), reusable once ``fence`` has passed."""
