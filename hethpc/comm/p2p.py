@@ -93,6 +93,7 @@ class _Payload:
         self.comm, self.buf, self.fence, self.dest, self.tag = comm, buf, fence, dest, tag
         self.release = release
         self.request: Any = None
+        self.error: BaseException | None = None  # what went wrong in the poster, if anything
         self.posted = threading.Event()
 
 
@@ -126,8 +127,11 @@ class _Poster:
                 while not self.queue:
                     self._cv.wait()
                 p = self.queue[0]
-            p.fence.synchronize()
-            p.request = p.comm.Isend(_buffer(p.buf), dest=p.dest, tag=p.tag)
+            try:
+                p.fence.synchronize()
+                p.request = p.comm.Isend(_buffer(p.buf), dest=p.dest, tag=p.tag)
+            except Exception as e:  # noqa: BLE001 - raised by the sender's test() or wait()
+                p.error = e
             with self._cv:
                 self.queue.popleft()
             p.posted.set()
@@ -152,6 +156,10 @@ class Request:
             if not block:
                 return False
             p.posted.wait()
+        if p.error is not None:
+            raise CommError(
+                f"isend_tensor: posting a CUDA tensor to rank {p.dest} failed: {p.error}"
+            ) from p.error
         self._requests.append(p.request)
         self._keep.append(p.buf)  # MPI reads it until the send completes
         self._release = p.release

@@ -156,3 +156,29 @@ def test_a_staged_send_moves_while_its_sender_waits_in_another_mpi_call(
         comm.barrier()
     else:
         comm.barrier()
+
+
+class Broken:
+    """A fence whose copy failed (a CUDA error)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_failed_copy_is_raised_by_the_senders_wait(
+    world: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    if r == 0:
+        real = staging.to_host
+        monkeypatch.setattr(staging, "to_host", lambda t, pool: (real(t, pool)[0], Broken()))
+        req = p2p._isend_cuda(_value(1), 1, 13, comm.world(), p2p.STAGED)
+        with pytest.raises(comm.CommError, match="posting a CUDA tensor to rank 1 failed"):
+            req.wait()
+        assert not p2p._poster.queue  # the poster goes on with the next sends
+    comm.barrier()
