@@ -6,17 +6,16 @@ directly when it is CUDA-aware (:mod:`hethpc.comm.cuda_aware`, probed once); oth
 are staged through pinned host buffers reused across steps (:mod:`hethpc.comm.staging`), the
 device-to-host copy of a send running on a side stream while the caller computes, and the
 fallback is logged once. Either way a CUDA send's bytes go to MPI only once the kernels that
-produced them are done: a poster thread (started at the first CUDA send) waits for each send's
-CUDA event and posts its payload, in the order the sends were started, so the caller never
-blocks on the GPU and the send moves on even while the caller is in another MPI call.
+produced them are done: a poster thread (:mod:`hethpc.comm.poster`, started at the first CUDA
+send) waits for each send's CUDA event and posts its payload, in the order the sends were
+started, so the caller never blocks on the GPU and the send moves on even while the caller is
+in another MPI call.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,9 @@ from hethpc.comm.cuda_aware import cuda_awareness
 from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import arrival, current_link, hold_until
+from hethpc.comm.poster import Payload as _Payload
+from hethpc.comm.poster import buffer_of as _buffer
+from hethpc.comm.poster import poster as _poster
 
 # How a CUDA tensor travels: handed to a CUDA-aware MPI, or staged through pinned host memory.
 DIRECT, STAGED = "direct", "staged"
@@ -75,69 +77,6 @@ def cuda_route() -> str:
         "through pinned host buffers (the fallback path)",
     )
     return STAGED
-
-
-def _buffer(t: torch.Tensor) -> Any:
-    """What MPI reads or writes: a numpy view on the host, the CUDA tensor itself otherwise
-    (mpi4py takes it by DLPack or the CUDA array interface)."""
-    return t if t.is_cuda else t.numpy()
-
-
-class _Payload:
-    """A CUDA send's bytes, posted to MPI by the poster once its fence has passed."""
-
-    def __init__(
-        self, comm: Any, buf: torch.Tensor, fence: staging.Fence, dest: int, tag: int,
-        release: Callable[[], None] | None,
-    ) -> None:  # fmt: skip
-        self.comm, self.buf, self.fence, self.dest, self.tag = comm, buf, fence, dest, tag
-        self.release = release
-        self.request: Any = None
-        self.error: BaseException | None = None  # what went wrong in the poster, if anything
-        self.posted = threading.Event()
-
-
-class _Poster:
-    """One thread that posts CUDA payloads, oldest first, each once its fence has passed.
-
-    Posting strictly in call order keeps two sends to one peer with one tag in the order they
-    were started, as MPI's matching requires. The thread sleeps in the fence's
-    ``synchronize`` (a CUDA event: the GIL is released) and posts under
-    ``MPI_THREAD_MULTIPLE``, which :func:`hethpc.comm.init` requires.
-    """
-
-    def __init__(self) -> None:
-        self.queue: deque[_Payload] = deque()
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def put(self, payload: _Payload) -> None:
-        with self._cv:
-            self.queue.append(payload)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="hethpc-p2p-poster", daemon=True
-                )
-                self._thread.start()
-            self._cv.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self.queue:
-                    self._cv.wait()
-                p = self.queue[0]
-            try:
-                p.fence.synchronize()
-                p.request = p.comm.Isend(_buffer(p.buf), dest=p.dest, tag=p.tag)
-            except Exception as e:  # noqa: BLE001 - raised by the sender's test() or wait()
-                p.error = e
-            with self._cv:
-                self.queue.popleft()
-            p.posted.set()
-
-
-_poster = _Poster()
 
 
 @dataclass
