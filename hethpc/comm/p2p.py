@@ -10,6 +10,9 @@ produced them are done: a poster thread (:mod:`hethpc.comm.poster`, started at t
 send) waits for each send's CUDA event and posts its payload, in the order the sends were
 started, so the caller never blocks on the GPU and the send moves on even while the caller is
 in another MPI call.
+
+About 320 lines, one concept: the send and receive requests of one message format, for CPU and
+CUDA tensors alike.
 """
 
 from __future__ import annotations
