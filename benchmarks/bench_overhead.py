@@ -133,11 +133,14 @@ class Loop:
         return time.perf_counter() - t0
 
 
-def job_steps(run_dir: str) -> list[float]:
-    """Rank 0's seconds of each step of a job, from its step records."""
-    times = [float(r["time"]) for r in read_metrics(Path(run_dir) / "metrics" / "rank0.jsonl")
-             if r["kind"] == "step"]  # fmt: skip
-    return list(np.diff([0.0, *times]))
+def job_steps(run_dir: str, epoch: int | None = None) -> list[float]:
+    """Rank 0's seconds of each step of a job (of ``epoch`` only, if given), from its step
+    records."""
+    recs = [r for r in read_metrics(Path(run_dir) / "metrics" / "rank0.jsonl")
+            if r["kind"] == "step"]  # fmt: skip
+    times = [0.0, *(float(r["time"]) for r in recs)]
+    return [times[i + 1] - times[i] for i, r in enumerate(recs)
+            if epoch is None or r["epoch"] == epoch]  # fmt: skip
 
 
 def new_run_dir() -> str:
@@ -158,12 +161,9 @@ def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *, run
 
 
 def job_epoch(run_dir: str, epoch: int) -> float:
-    """Rank 0's seconds of the job's ``epoch`` from its step records; its first step (which
-    follows the resume) is counted at the epoch's median step time."""
-    recs = [r for r in read_metrics(Path(run_dir) / "metrics" / "rank0.jsonl")
-            if r["kind"] == "step"]  # fmt: skip
-    times = [0.0, *(float(r["time"]) for r in recs)]
-    steps = [times[i + 1] - times[i] for i, r in enumerate(recs) if r["epoch"] == epoch]
+    """Rank 0's seconds of the job's ``epoch``; its first step (which follows the resume) is
+    counted at the epoch's median step time."""
+    steps = job_steps(run_dir, epoch)
     return statistics.median(steps) + sum(steps[1:])
 
 

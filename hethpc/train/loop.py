@@ -52,7 +52,6 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Keep Python's collector off the objects that exist when training starts.
@@ -61,8 +60,11 @@ def frozen_heap() -> Iterator[None]:
     full collection walks them all (150-200 ms on the benchmark host, paid by every rank at the
     same step, inside its allreduce). Frozen (``gc.freeze``), they are skipped until the loop
     ends; what the steps allocate is still collected. Call ``gc.collect()`` first, so that
-    no garbage is frozen with them.
+    no garbage is frozen with them. A process that froze its heap itself keeps it as it was.
     """
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield
