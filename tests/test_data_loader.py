@@ -241,3 +241,39 @@ def test_direct_reads_match_window_reads_and_survive_close(sharded: ShardedDatas
             sharded.close()  # unmapped: the next read maps the files again
         torch.testing.assert_close(a.next_batch([size]), b.next_batch([size]))
     assert a._direct and not b._direct
+
+
+def test_page_sized_samples_are_gathered_as_whole_rows(tmp_path: Path) -> None:
+    """Samples of a page each in page-aligned chunks (the writer's layout for chunks of 64 KiB
+    and more) are gathered by ``np.take`` over a typed view of the mapped files: the same
+    batches as through HDF5's windows, and as the byte-offset gather of unaligned layouts."""
+    n = 64
+    x = np.repeat(np.arange(n, dtype=np.float32)[:, None], 1024, axis=1)
+    write_dataset(tmp_path / "p", [(x, np.arange(n) % 4)], num_classes=4, shard_samples=40,
+                  chunk_samples=16)
+    direct = open_dataset(tmp_path / "p")
+    checked = open_dataset(tmp_path / "p", verify=False)
+    a = Loader(direct, rank=0, world_size=1, seed=5, prefetch=False)
+    b = Loader(checked, rank=0, world_size=1, seed=5, prefetch=False)
+    for size in [16, 5, 64, 1, 30]:
+        torch.testing.assert_close(a.next_batch([size]), b.next_batch([size]))
+    assert a._direct and direct._mapped._typed is not None
+    xs = a.next_batch([8])[0]
+    assert (xs == xs[:, :1]).all()  # every row one whole sample, none straddling two
+
+
+def test_sizes_checked_again_after_a_change(dataset: ArrayDataset | ShardedDataset) -> None:
+    """The loader reuses the plan of unchanged sizes; new sizes are checked and served anew."""
+    ld = Loader(dataset, rank=1, world_size=2, seed=0, prefetch=False)
+    ld2 = Loader(dataset, rank=1, world_size=2, seed=0, prefetch=False)
+    for sizes in ([10, 20], [10, 20], np.array([5, 7]), [5, 7], (30, 1)):
+        x, _ = ld.next_batch(sizes)
+        assert len(x) == int(np.asarray(sizes)[1])
+        ld2._planned = None  # a loader that plans every batch from scratch
+        torch.testing.assert_close(x, ld2.next_batch(sizes)[0])
+    with pytest.raises(LoaderError, match="must hold 2 non-negative"):
+        ld.next_batch([30])
+    with pytest.raises(LoaderError, match="must hold 2 non-negative"):
+        ld.next_batch([30, -1])
+    with pytest.raises(LoaderError, match="global batch 700 is larger"):
+        ld.next_batch([350, 350])

@@ -105,6 +105,9 @@ class Loader:
         self._normalize = normalize
         self._pos = 0
         self._step_in_epoch = 0
+        # The last sizes asked for and their (offset, count, advance): a loop whose sizes
+        # change rarely pays their checks and sums once per change, not per batch.
+        self._planned: tuple[tuple[int, ...], tuple[int, int, int]] | None = None
         self._stream = SampleStream(
             base, chunk=self._chunk, window=max(1, int(shuffle_window)), seed=self.seed,
             rotate=mode == "seldp", rank=rank, world_size=world_size,
@@ -144,23 +147,34 @@ class Loader:
         n = len(self._base) if self.mode == "iid" else len(self.dataset)
         return max(1, math.ceil(n / max(1, int(global_batch))))
 
-    def _request(self, sizes: np.ndarray) -> tuple[int, int, int]:
-        """(start, count, advance) in the stream for these sizes."""
-        b = int(sizes[self.rank])
+    def _plan(self, sizes: Any) -> tuple[int, int, int]:
+        """(offset from the current position, count, advance) in the stream for these sizes:
+        checked and summed once, then reused while the sizes stay the same."""
+        try:
+            key = tuple(int(v) for v in sizes)
+        except (TypeError, ValueError):
+            key = None  # not a flat sequence of numbers: the check below says what is wrong
+        if key is not None and self._planned is not None and self._planned[0] == key:
+            return self._planned[1]
+        s = self._check_sizes(sizes)
+        b = int(s[self.rank])
         if self.mode == "iid":
-            total = int(sizes.sum())
+            total = int(s.sum())
             if total > self.length:
                 raise LoaderError(
                     f"global batch {total} is larger than the {self.length} samples of the "
                     "dataset; lower the batch size"
                 )
-            return self._pos + int(sizes[: self.rank].sum()), b, total
-        if b > self.length:
-            raise LoaderError(
-                f"rank {self.rank}: batch size {b} is larger than its {self.mode} share of "
-                f"{self.length} samples; lower the batch size or repartition"
-            )
-        return self._pos, b, b
+            plan = (int(s[: self.rank].sum()), b, total)
+        else:
+            if b > self.length:
+                raise LoaderError(
+                    f"rank {self.rank}: batch size {b} is larger than its {self.mode} share "
+                    f"of {self.length} samples; lower the batch size or repartition"
+                )
+            plan = (0, b, b)
+        self._planned = (tuple(s.tolist()), plan)
+        return plan
 
     def _load(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
@@ -205,19 +219,20 @@ class Loader:
         """
         if self._returned_at is not None:
             self.gap_s = running_mean(self.gap_s, time.perf_counter() - self._returned_at)
-        s = self._check_sizes(sizes)
-        start, count, advance = self._request(s)
+        rel, count, advance = self._plan(sizes)
+        start = self._pos + rel
         got = None if self._prefetcher is None else self._prefetcher.take((start, count))
         if got is None:
             got = self._load(start, count)
-        before = self.epoch
+        n = self.length
+        new_epoch = (self._pos + advance) // n > self._pos // n
         self._pos += advance
-        self._step_in_epoch = 0 if self.epoch > before else self._step_in_epoch + 1
+        self._step_in_epoch = 0 if new_epoch else self._step_in_epoch + 1
         if self._prefetcher is not None and (
             self.prefetch is True or worth_prefetching(self.gap_s, self.load_s)
         ):
-            nstart, ncount, _ = self._request(s)
-            self._prefetcher.start((nstart, ncount), self._load, nstart, ncount)
+            nstart = self._pos + rel
+            self._prefetcher.start((nstart, count), self._load, nstart, count)
         self._returned_at = time.perf_counter()
         return got
 

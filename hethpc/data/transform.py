@@ -18,6 +18,6 @@ def to_inputs(x: np.ndarray, *, normalize: bool = True) -> torch.Tensor:
 
 def to_targets(y: np.ndarray) -> torch.Tensor:
     """Labels as int64 (classes) or targets as float32 (regression: floating-point ``y``)."""
-    if np.issubdtype(y.dtype, np.floating):
+    if y.dtype.kind == "f":  # floating point (faster than np.issubdtype, per batch)
         return torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
     return torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
