@@ -200,7 +200,7 @@ class MappedShards:
         """The samples at ``offsets`` (from :meth:`offsets`; every shard mapped:
         ``complete``), in that order, by one gather."""
         if self._typed is not None:
-            return np.take(self._typed, offsets // self.row_bytes, axis=0)
+            return self._typed.take(offsets // self.row_bytes, axis=0)
         assert self.region is not None
         rows = self.region.rows(self.row_bytes)[offsets]
         return rows.view(self.dtype).reshape(len(offsets), *self.sample_shape)
