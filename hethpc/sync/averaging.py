@@ -103,6 +103,7 @@ def average_gradients_(
     group: Group | None = None,
     name: str = "hethpc.sync.grads",
     check: bool = False,
+    prescaled: bool = False,
 ) -> int:
     """Average the gradients of ``parameters`` across ranks, in place: one allreduce.
 
@@ -125,6 +126,9 @@ def average_gradients_(
         check: also check the weights as :func:`agree` does, inside the same allreduce (three
             more elements, no extra collective; the sum is compared with 1 at the precision of
             the gradients' dtype).
+        prescaled: the gradients already hold ``weight`` (or ``1 / N``) times themselves (the
+            caller scaled the loss before the backward pass): they are summed as they are,
+            without a scaling pass; ``weight`` is still checked with ``check``.
 
     Returns:
         The payload bytes of the gradients this rank put into the allreduce.
@@ -145,10 +149,12 @@ def average_gradients_(
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        if weight is not None and weight != 1.0:
+        if weight is not None and weight != 1.0 and not prescaled:
             torch._foreach_mul_(grads, weight)
         return payload_bytes(grads)
     scale = (1.0 / n if weight is None else float(weight)) if check_weight(weight) else 0.0
+    if prescaled:
+        scale = 1.0 if check_weight(weight) else 0.0
     buffer = gradient_buffer(name, params, extra=3 if check else 0)
     buffer.pack_(params, scale)
     tolerance = 0.0

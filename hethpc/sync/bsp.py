@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from hethpc import comm
+from hethpc.sync.agreement import check_weight
 from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
 from hethpc.sync.policy import Outcome, SyncPolicy
@@ -46,6 +47,7 @@ class BSP(SyncPolicy):
         self.overlap = bool(overlap)
         self.bucket_bytes = int(bucket_bytes)
         self._buckets: GradientBuckets | None = None
+        self._prescaled: tuple[float | None] | None = None  # the weight loss_scale gave
 
     def before_backward(self, model: torch.nn.Module, *, weight: float | None = None) -> None:
         if not self.overlap:
@@ -56,6 +58,20 @@ class BSP(SyncPolicy):
                 check=self.check_weights,
             )  # fmt: skip
         self._buckets.arm(weight)
+
+    def loss_scale(self, weight: float | None = None) -> float:
+        """The step's gradient weight (``weight``, or ``1 / N``), when the gradients are averaged
+        after the backward pass and no norm is recorded: the caller's scaled loss gives
+        gradients already weighted, and the average skips its scaling pass over them (a pass
+        over every gradient byte per step). 1.0 with ``overlap`` (its buckets scale as they
+        go), with ``keep_records`` (the recorded norm is of the unscaled gradients) and for a
+        weight outside ``(0, 1]`` (the check reports it)."""
+        self._prescaled = None
+        if self.overlap or self.keep_records or not check_weight(weight):
+            return 1.0
+        n = comm.size() if self.group is None else self.group.size
+        self._prescaled = (weight,)
+        return 1.0 / n if weight is None else float(weight)
 
     def _step(
         self,
@@ -71,9 +87,12 @@ class BSP(SyncPolicy):
             nbytes = self._buckets.nbytes
         else:
             # The weight check rides in the gradient allreduce: one collective per step.
+            prescaled = self._prescaled == (weight,)
             nbytes = average_gradients_(
-                model.parameters(), weight=weight, group=self.group, check=self.check_weights
-            )
+                model.parameters(), weight=weight, group=self.group, check=self.check_weights,
+                prescaled=prescaled,
+            )  # fmt: skip
+        self._prescaled = None
         votes = comm.size() if self.group is None else self.group.size
         seconds = time.perf_counter() - t0
         optimizer.step()

@@ -279,6 +279,14 @@ class SyncPolicy(abc.ABC):
         nothing. Optional: without it, :meth:`step` does all the communication."""
         return None
 
+    def loss_scale(self, weight: float | None = None) -> float:
+        """The factor by which the caller may multiply this step's loss before
+        ``loss.backward()`` so that the gradients come out already weighted for the average
+        (then the policy skips its own scaling pass over them). 1.0 (the default): the policy
+        scales them itself. Optional; a caller that uses it passes the same ``weight`` to
+        :meth:`step`."""
+        return 1.0
+
     def skip(self, model: torch.nn.Module) -> None:
         """A step this rank skips (non-finite gradients); synchronous policies have nothing to
         do, since every rank skips it alike."""

@@ -80,6 +80,7 @@ class DataParallel:
         # missing gradient counts as zeros anyway (BSP); elsewhere an unused parameter must
         # keep None, so that the optimizer leaves it alone.
         self.zero_in_place = False
+        self.takes_loss_scale = True  # compute() scales the loss by the policy's weight
 
     def describe(self) -> str:
         return f"{comm.size()} rank(s), data-parallel on {describe_device(self.device)}"
@@ -89,9 +90,17 @@ class DataParallel:
         return seconds
 
     def compute(
-        self, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, poison: Callable[[Any], Any]
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: Loss,
+        poison: Callable[[Any], Any],
+        *,
+        loss_scale: float = 1.0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Forward and backward; ``(loss, output)``; gradients on :attr:`module`."""
+        """Forward and backward of ``loss_scale`` times the loss (the policy's weight, see
+        :meth:`~hethpc.sync.SyncPolicy.loss_scale`); ``(loss, output)``, the loss unscaled;
+        gradients on :attr:`module`."""
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         out = self.module(x)
         loss = poison(loss_fn(out, y))
@@ -100,7 +109,7 @@ class DataParallel:
                 p.grad.zero_()
             else:
                 p.grad = None
-        loss.backward()
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         return loss, out
 
     def step_fields(self) -> dict[str, Any]:
@@ -153,6 +162,7 @@ class PipelineStage:
         self.collective_eval = True
         self.saves_own_state = True  # each rank holds a different stage
         self.min_batch = cfg.micro_batches  # a replica's batch splits into m micro-batches
+        self.takes_loss_scale = False  # the pipeline weights its replicas' gradients itself
         self._stage_group = groups.stage_group
 
     def step_time(self, seconds: float) -> float:
@@ -172,9 +182,17 @@ class PipelineStage:
         )
 
     def compute(
-        self, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss, poison: Callable[[Any], Any]
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: Loss,
+        poison: Callable[[Any], Any],
+        *,
+        loss_scale: float = 1.0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One batch through the pipeline; ``(loss on the last stage, None)``."""
+        """One batch through the pipeline; ``(loss on the last stage, None)``. The policy
+        scales a pipeline's gradients itself: ``loss_scale`` must be 1."""
+        assert loss_scale == 1.0, "a pipeline stage takes no loss scale"
         for p in self.module.parameters():
             p.grad = None
         value = self.pipe.train_step(x, y, loss_fn)

@@ -119,7 +119,10 @@ class TrainStep:
             x, y = x[edges[-2] :], y[edges[-2] :]
             local_steps = len(splits)
         policy.before_backward(run.module, weight=weight)  # BSP overlap: arm the buckets
-        loss, out = engine.compute(x, y, self.loss_fn, poison)
+        # BSP on a data-parallel engine: the loss scaled by the step's weight, so the gradients
+        # come out weighted and the average makes no pass over them to scale them
+        scale = policy.loss_scale(weight) if engine.takes_loss_scale else 1.0
+        loss, out = engine.compute(x, y, self.loss_fn, poison, loss_scale=scale)
         compute_s = engine.step_time(controller.timer_stop(tc))
         dog.kick(step, "sync")
         link_before = comm.link_stats() if cfg.link else None

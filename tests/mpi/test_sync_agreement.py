@@ -249,6 +249,44 @@ def test_bsp_checks_weights_inside_its_gradient_allreduce(
         BSP().step(model, torch.optim.SGD(model.parameters(), lr=0.1), weight=weights(r, n))  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("weighted", [True, False], ids=["b_k/B", "uniform"])
+def test_bsp_loss_scale_gives_the_global_batch_gradient_without_a_scaling_pass(
+    world: tuple[int, int], weighted: bool
+) -> None:
+    """BSP.loss_scale: the loss scaled by the step's weight before backward, the gradients
+    summed as they are; the same step as the unscaled loss averaged with its weight."""
+    r, n = world
+    sizes = [3 + 2 * k for k in range(n)] if weighted else [4] * n
+    big = sum(sizes)
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(big, 6, generator=g), torch.randint(0, 3, (big,), generator=g)
+    lo = sum(sizes[:r])
+    xs, ys = x[lo : lo + sizes[r]], y[lo : lo + sizes[r]]
+    weight = sizes[r] / big if weighted else None
+    models = []
+    for scaled in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        policy = BSP(check_weights=True, keep_records=False)  # as the job builds it
+        scale = policy.loss_scale(weight) if scaled else 1.0
+        assert (scale != 1.0) == (scaled and n > 1)
+        (nn.functional.cross_entropy(model(xs), ys) * scale).backward()
+        policy.step(model, opt, weight=weight)
+        models.append(model)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    nn.functional.cross_entropy(ref(x), y).backward()
+    for a, b, q in zip(models[0].parameters(), models[1].parameters(), ref.parameters(),
+                       strict=True):
+        torch.testing.assert_close(b.grad, q.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.data, b.data, rtol=1e-5, atol=1e-6)
+    # A weight the check refuses is not folded into the loss: the check still reports it.
+    assert BSP(keep_records=False).loss_scale(-1.0) == 1.0
+    assert BSP().loss_scale(weight) == 1.0  # its records hold the unscaled norms
+    assert BSP(overlap=True, keep_records=False).loss_scale(weight) == 1.0
+
+
 def test_gradients_accumulated_into_the_buffer_are_averaged_again(world: tuple[int, int]) -> None:
     r, n = world
     model = nn.Linear(3, 2)
