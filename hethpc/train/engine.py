@@ -104,11 +104,14 @@ class DataParallel:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         out = self.module(x)
         loss = poison(loss_fn(out, y))
+        zero = []
         for p in self.module.parameters():
             if self.zero_in_place and p.grad is not None:
-                p.grad.zero_()
+                zero.append(p.grad)
             else:
                 p.grad = None
+        if zero:
+            torch._foreach_zero_(zero)  # one call for every gradient (a dispatch per tensor)
         (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         return loss, out
 
