@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/run_all.py            # every benchmarks/bench_*.py, default runs
     .venv/bin/python benchmarks/run_all.py --quick    # their --quick smoke runs
     .venv/bin/python benchmarks/run_all.py --only bench_loader   # rerun some, keep the rest
+    .venv/bin/python benchmarks/run_all.py --render   # RESULTS.md again from RESULTS.json
 
 Each benchmark runs under ``flock /tmp/hethpc-bench.lock`` (never two at once on a shared
 machine); its last stdout line is one JSON object. The goals below come from the issues; a
@@ -206,9 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         "bench_tta=/tmp/tta.log@1900) as its result, without running anything; SECONDS: how "
         "long it ran (default: the result's own 'seconds')",
     )  # fmt: skip
+    p.add_argument("--render", action="store_true",
+                   help="only write RESULTS.md again from RESULTS.json and NOTES.md (no runs)")
     args = p.parse_args(argv)
+    if args.only is not None and not args.only:
+        p.error("--only needs benchmark names, e.g. --only bench_loader bench_pipeline")
     paths = sorted(HERE.glob("bench_*.py"))
-    if args.only:
+    if args.render:
+        paths = []
+    elif args.only:
         names = {n.removesuffix(".py") for n in args.only}
         names |= {f"bench_{n}" for n in names}
         unknown = [
