@@ -53,7 +53,9 @@ def test_render_rewrites_the_table_from_the_kept_results_and_only_needs_names(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "tta.log"
-    log.write_text(json.dumps({"goals": {"demo_time_ratio": 0.7}, "quick": False}) + "\n")
+    goals = {"demo_time_ratio": 0.7, "demo_acc_gap_points": 0.3, "skew_selsync_acc_gap_points":
+             -0.15, "skew_selsync_sync_fraction": 0.23}  # long: one row per goal  # fmt: skip
+    log.write_text(json.dumps({"goals": goals, "quick": False}) + "\n")
     out = tmp_path / "RESULTS.md"
     assert run_all.main(["--ingest", f"bench_tta={log}@10", "--out", str(out)]) == 0
     out.write_text("stale\n")
