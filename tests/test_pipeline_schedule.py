@@ -1,4 +1,5 @@
-"""GPipe, 1F1B and zero-bubble (ZB-H1) schedules as tables, checked without devices or MPI."""
+"""GPipe, 1F1B, zero-bubble (ZB-H1) and ZB-V schedules as tables, checked without devices or
+MPI."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import pytest
 
 from hethpc.comm.progress import auto_interval
 from hethpc.pipeline import ScheduleError
+from hethpc.pipeline.pipe import MPI_TAG_UB, max_micro_batches
+from hethpc.pipeline.runner import tag
 from hethpc.pipeline.schedule import (
     Task,
     bubble_fraction,
+    chunk_of,
+    chunks_per_stage,
     clock,
+    clock_chunks,
     gpipe_schedule,
     has_weight_passes,
     idle_fraction,
@@ -18,6 +24,9 @@ from hethpc.pipeline.schedule import (
     one_f_one_b_schedule,
     peak_in_flight,
     stage_tasks,
+    v_chunks,
+    zbv_order,
+    zbv_schedule,
     zero_bubble_order,
     zero_bubble_schedule,
 )
@@ -168,11 +177,93 @@ def test_clock_rejects_orders_that_cannot_run(orders: list, match: str) -> None:
         pytest.param("zigzag", 2, 4, "unknown schedule 'zigzag'", id="unknown"),
         pytest.param("1f1b", 0, 4, "at least one stage", id="zero-stages"),
         pytest.param("gpipe", 2, 0, "one micro-batch", id="zero-micro-batches"),
+        pytest.param("zbv", 0, 4, "at least one stage", id="zbv-zero-stages"),
+        pytest.param("zbv", 2, 0, "one micro-batch", id="zbv-zero-micro-batches"),
     ],
 )
 def test_make_schedule_errors(name: str, stages: int, m: int, match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         make_schedule(name, stages, m)
+
+
+@pytest.mark.parametrize(("stages", "m"), SIZES)
+def test_zbv_runs_every_pass_of_every_chunk_once_after_its_inputs(stages: int, m: int) -> None:
+    table = zbv_schedule(stages, m)
+    chunks = 2 * stages
+    at = {(chunk_of(t), t.micro_batch, t.kind): t.tick for t in table}
+    assert len(at) == len(table) == 3 * chunks * m
+    assert set(at) == {(c, i, k) for c in range(chunks) for i in range(m) for k in "FBW"}
+    for t in table:  # the V: stage s holds chunks s and 2P-1-s
+        assert t.chunk in (t.stage, chunks - 1 - t.stage)
+    for (c, i, kind), tick in at.items():
+        if kind == "F" and c > 0:
+            assert tick > at[c - 1, i, "F"]
+        if kind == "B":
+            assert tick > at[c, i, "F"]
+            if c < chunks - 1:
+                assert tick > at[c + 1, i, "B"]
+        if kind == "W":
+            assert tick > at[c, i, "B"]
+    for s in range(stages):  # one pass per tick per stage, both chunks together
+        ticks = [t.tick for t in stage_tasks(table, s)]
+        assert len(set(ticks)) == len(ticks)
+        assert has_weight_passes(table, s)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("m", [4, 8, 16])
+def test_zbv_idles_less_than_zero_bubble_and_holds_1f1b_peak(stages: int, m: int) -> None:
+    zbv, zb = zbv_schedule(stages, m), zero_bubble_schedule(stages, m)
+    assert idle_fraction(zbv) < idle_fraction(zb)
+    # A chunk is half a stage: 2 * min(P, m) chunk-micro-batches are 1F1B's peak of min(P, m).
+    for s in range(stages):
+        assert peak_in_flight(zbv, s) <= 2 * min(stages, m)
+    if m >= 2 * stages:  # with unit passes: 6m passes per stage plus P-1 idle ticks
+        assert makespan(zbv) == 6 * m + stages - 1
+
+
+def test_zbv_order_for_two_stages_and_four_micro_batches() -> None:
+    # Stage 0 (chunks 0 and 3): three warm-up forwards of chunk 0, then F, B, W of chunk 3 twice;
+    # stage 1 (chunks 1 and 2, the V's bottom): one pair of forwards first.
+    assert v_chunks(2) == [0, 1, 1, 0]
+    assert zbv_order(2, 4) == [
+        [(0, 0, "F"), (0, 1, "F"), (0, 2, "F"), (3, 0, "F"), (3, 0, "B"), (3, 0, "W"),
+         (3, 1, "F"), (3, 1, "B"), (3, 1, "W"), (0, 3, "F"), (0, 0, "B"), (0, 0, "W"),
+         (3, 2, "F"), (3, 2, "B"), (3, 2, "W"), (0, 1, "B"), (0, 1, "W"), (3, 3, "F"),
+         (3, 3, "B"), (3, 3, "W"), (0, 2, "B"), (0, 2, "W"), (0, 3, "B"), (0, 3, "W")],
+        [(1, 0, "F"), (2, 0, "F"), (1, 1, "F"), (2, 1, "F"), (2, 0, "B"), (2, 0, "W"),
+         (1, 2, "F"), (1, 0, "B"), (1, 0, "W"), (2, 2, "F"), (2, 1, "B"), (2, 1, "W"),
+         (1, 3, "F"), (1, 1, "B"), (1, 1, "W"), (2, 3, "F"), (2, 2, "B"), (2, 2, "W"),
+         (1, 2, "B"), (2, 3, "B"), (1, 3, "B"), (1, 2, "W"), (2, 3, "W"), (1, 3, "W")],
+    ]  # fmt: skip
+    assert makespan(zbv_schedule(2, 4)) == 25
+
+
+def test_chunks_per_stage() -> None:
+    assert [chunks_per_stage(k) for k in ("gpipe", "1f1b", "zb", "zbv")] == [1, 1, 1, 2]
+    assert all(t.chunk is None for t in zero_bubble_schedule(2, 3))  # one chunk per stage
+    assert chunk_of(Task(0, 1, 0, "F")) == 1 and chunk_of(Task(0, 1, 0, "F", 2)) == 2
+
+
+@pytest.mark.parametrize(
+    ("orders", "chunks", "match"),
+    [
+        pytest.param([[(0, 0, "F"), (1, 0, "F"), (1, 0, "B"), (0, 0, "B")]], [0, 0, 0],
+                     "exactly once", id="missing-chunk"),
+        pytest.param([[(0, 0, "F"), (0, 0, "B")]], [0, 1], "each of the 1 stages",
+                     id="chunk-without-stage"),
+        pytest.param([[(0, 0, "F"), (0, 0, "B")], [(0, 0, "F"), (1, 0, "B")]], [0, 1],
+                     "holds chunks \\[1\\] only", id="foreign-chunk"),
+        pytest.param([[(0, 0, "B"), (0, 0, "F"), (1, 0, "F"), (1, 0, "B")]], [0, 0],
+                     "deadlock", id="backward-before-forward"),
+        pytest.param([], [], "at least one stage", id="empty"),
+    ],
+)
+def test_clock_chunks_rejects_orders_that_cannot_run(
+    orders: list, chunks: list[int], match: str
+) -> None:
+    with pytest.raises(ScheduleError, match=match):
+        clock_chunks(orders, chunks)
 
 
 @pytest.mark.parametrize(
@@ -184,3 +275,15 @@ def test_auto_progress_interval_is_a_tenth_of_a_pass_within_bounds(
     task_s: float | None, interval: float
 ) -> None:
     assert auto_interval(task_s) == pytest.approx(interval)
+
+
+@pytest.mark.parametrize("name", ["zb", "zbv"])
+def test_message_tags_are_unique_and_within_mpi_bounds(name: str) -> None:
+    lanes = chunks_per_stage(name)
+    m = max_micro_batches(name)
+    tags = {tag(i, k, lane, lanes) for i in range(m) for k in "FB" for lane in range(lanes)}
+    assert len(tags) == 2 * lanes * m  # one per (micro-batch, direction, lane)
+    assert 2 * max(tags) + 1 <= MPI_TAG_UB  # comm sends on tags 2t and 2t+1
+    if name == "zbv":  # its limit is the tags': one more micro-batch would not fit
+        assert 2 * tag(m, "B", lanes - 1, lanes) + 1 > MPI_TAG_UB
+    assert [tag(i, k) for i in range(2) for k in "FB"] == [0, 1, 2, 3]  # one lane: as before

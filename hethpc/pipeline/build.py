@@ -12,6 +12,7 @@ from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.pipe import Pipeline, default_device
 from hethpc.pipeline.profile import partition_by_time
+from hethpc.pipeline.schedule import chunks_per_stage
 from hethpc.pipeline.stage import LossFn
 
 
@@ -37,7 +38,8 @@ def build_pipeline(
         model: the whole model, built identically (same seed) on every rank.
         stages: P; must divide the world size.
         micro_batches: m.
-        schedule: "1f1b", "gpipe" or "zb".
+        schedule: "1f1b", "gpipe", "zb" or "zbv" (its ``2 * stages`` chunks are what "params"
+            and "time" balance, and what a given balance lists).
         balance: layers per stage; or "params" (default, also None): balanced by parameter
             count; or "time": balanced by each layer's measured time on one micro-batch of
             ``sample`` (:func:`~hethpc.pipeline.profile.partition_by_time`: measured on world
@@ -58,8 +60,9 @@ def build_pipeline(
         BalanceError: the model cannot be cut that way.
     """
     groups = make_pipeline_groups(stages)
+    parts = stages * chunks_per_stage(schedule)
     if balance is None or balance == "params":
-        balance = partition_by_params(model, stages)
+        balance = partition_by_params(model, parts)
     elif balance == "time":
         if sample is None:
             raise PipelineError(
@@ -68,7 +71,7 @@ def build_pipeline(
         dev = torch.device(device) if device is not None else default_device()
         rows = max(1, sample[0].shape[0] // micro_batches)
         balance = partition_by_time(
-            model, stages, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
+            model, parts, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
             loss_fn=loss_fn,
         )  # fmt: skip
     elif isinstance(balance, str):

@@ -2,7 +2,8 @@
 
 :class:`Pipeline` checks its settings, agrees on each batch with the other stages, hands the
 micro-batches to the schedule runner (:mod:`hethpc.pipeline.runner`), which drives this rank's
-:class:`~hethpc.pipeline.stage.Stage`, and reduces the replicas' gradients after the step.
+:class:`~hethpc.pipeline.stage.Stage` (or, with ``schedule="zbv"``, its two chunks' stages),
+and reduces the replicas' gradients after the step.
 """
 
 from __future__ import annotations
@@ -20,13 +21,31 @@ from hethpc.comm import Group
 from hethpc.comm.progress import auto_interval
 from hethpc.pipeline.balance import partition_by_counts, split_model
 from hethpc.pipeline.errors import PipelineError
-from hethpc.pipeline.runner import StepStats, run_forward, run_step
-from hethpc.pipeline.schedule import has_weight_passes, make_schedule, stage_tasks
+from hethpc.pipeline.runner import StepStats, run_forward, run_step, tag
+from hethpc.pipeline.schedule import (
+    BACKWARD,
+    V_SCHEDULES,
+    chunks_per_stage,
+    has_weight_passes,
+    make_schedule,
+    stage_tasks,
+    v_chunks,
+)
 from hethpc.pipeline.stage import LossFn, Stage
 from hethpc.sync.averaging import average_gradients_
 
 # comm's point-to-point uses tags 2*tag and 2*tag+1; MPI guarantees tags up to 32767.
 MAX_MICRO_BATCHES = 4096
+MPI_TAG_UB = 32767
+
+
+def max_micro_batches(schedule: str) -> int:
+    """The most micro-batches whose message tags stay within MPI's guaranteed ``32767`` under
+    ``schedule`` (a V's two lanes of messages take twice the tags), at most 4096."""
+    lanes = chunks_per_stage(schedule)
+    # tag(i, B, lanes - 1, lanes) = 2 * (lanes * i + lanes - 1) + 1; comm sends on 2*tag+1
+    most = ((MPI_TAG_UB - 1) // 2 - 1) // 2 // lanes + 1
+    return min(MAX_MICRO_BATCHES, most)
 
 
 def default_device() -> torch.device:
@@ -47,12 +66,18 @@ class Pipeline:
 
     Args:
         model: the whole model; its layers are cut by ``balance``.
-        balance: layers per stage, one entry per rank of ``stage_group``.
+        balance: layers per stage, one entry per rank of ``stage_group``; with "zbv", layers
+            per chunk, 2P entries in chunk order (chunk ``c`` runs on rank ``c`` for
+            ``c < P``, else on rank ``2P-1-c``).
         micro_batches: m, micro-batches per batch (1..4096); batches need at least m rows.
-        schedule: "1f1b" (at most P micro-batches of activations per stage), "gpipe", or
+        schedule: "1f1b" (at most P micro-batches of activations per stage), "gpipe",
             "zb" (ZB-H1: 1F1B whose stages other than the first run each backward as B, the
             input's gradient, sent at once, and W, the weights' gradients, later, where 1F1B
-            would wait; needs ``split_backward``, else each W is empty and it runs as 1F1B).
+            would wait; needs ``split_backward``, else each W is empty and it runs as 1F1B),
+            or "zbv" (ZB-V: the model in 2P chunks, two per rank in a V, split backwards,
+            a bubble about half ZB-H1's with 1F1B's peak of activations; rank 0 holds the
+            first and the last chunk, so it takes both the inputs and the targets and
+            returns the loss).
         stage_group: the ranks of this pipeline, in stage order; this rank's group rank is
             its stage.
         dp_group: the ranks holding this same stage in other replicas; their gradients are
@@ -94,7 +119,15 @@ class Pipeline:
         split_backward: bool = True,
     ) -> None:
         balance = partition_by_counts(len(model), balance)
-        if len(balance) != stage_group.size:
+        per = chunks_per_stage(schedule)
+        if len(balance) != per * stage_group.size and per > 1:
+            raise PipelineError(
+                f"balance {list(balance)} has {len(balance)} chunks but schedule {schedule!r} "
+                f"cuts the model into {per} chunks per rank of the pipeline group's "
+                f"{stage_group.size}; give {per * stage_group.size} layer counts, one per chunk "
+                "in chunk order"
+            )
+        if len(balance) != stage_group.size and per == 1:
             raise PipelineError(
                 f"balance {list(balance)} has {len(balance)} stages but the pipeline group has "
                 f"{stage_group.size} ranks; give one layer count per stage"
@@ -111,9 +144,11 @@ class Pipeline:
                 "progress_interval must be a positive number of seconds, 'auto' or None (no "
                 f"thread), got {progress_interval!r}"
             )
-        if not 1 <= micro_batches <= MAX_MICRO_BATCHES:
+        most = max_micro_batches(schedule)
+        if not 1 <= micro_batches <= most:
             raise PipelineError(
-                f"micro_batches must be in 1..{MAX_MICRO_BATCHES}, got {micro_batches}"
+                f"micro_batches must be in 1..{most} (message tags stay within MPI's "
+                f"{MPI_TAG_UB}), got {micro_batches}"
             )
         self.balance = balance
         self.micro_batches = int(micro_batches)
@@ -127,11 +162,24 @@ class Pipeline:
         self.device = torch.device(device) if device is not None else default_device()
         self.table = make_schedule(schedule, self.stages, self.micro_batches)
         self._tasks = stage_tasks(self.table, self.stage)
-        self._stage = Stage(split_model(model, balance)[self.stage], index=self.stage,
-                            stages=self.stages, device=self.device,
-                            split_backward=split_backward)  # fmt: skip
-        self.module = self._stage.module
-        self.split_backward = self._stage.split_backward
+        # chunk c runs on group rank placement[c]: one chunk per rank, or two in a V
+        v = schedule in V_SCHEDULES
+        self.placement = v_chunks(self.stages) if v else list(range(self.stages))
+        #: this rank's chunks, in chunk order (its stage alone, except in a V)
+        self.chunks = [c for c, r in enumerate(self.placement) if r == self.stage]
+        parts = split_model(model, balance)
+        self._stages = [Stage(parts[c], index=c, stages=len(self.placement), device=self.device,
+                              split_backward=split_backward) for c in self.chunks]  # fmt: skip
+        #: this rank's layers: its stage's ``nn.Sequential``, or in a V an ``nn.ModuleList``
+        #: of its two chunks' (``module[k]`` is chunk ``chunks[k]``)
+        self.module: nn.Module = (
+            self._stages[0].module if len(self._stages) == 1
+            else nn.ModuleList(st.module for st in self._stages)
+        )  # fmt: skip
+        #: whether this rank splits its backward (in a V: in either of its chunks)
+        self.split_backward = any(st.split_backward for st in self._stages)
+        last = (self.micro_batches - 1, BACKWARD, per - 1, per)
+        assert 2 * tag(*last) + 1 <= MPI_TAG_UB, "max_micro_batches bounds the tags"
         # the schedule's W passes compute the weights' gradients (else B computes them)
         self._deferred_weights = self.split_backward and has_weight_passes(self.table, self.stage)
         self.stats = StepStats(0.0, 0.0, 0)
@@ -139,13 +187,14 @@ class Pipeline:
 
     @property
     def is_first(self) -> bool:
-        """Whether this rank runs the first stage (it needs the inputs)."""
-        return self._stage.is_first
+        """Whether this rank runs the first stage or chunk (it needs the inputs)."""
+        return any(st.is_first for st in self._stages)
 
     @property
     def is_last(self) -> bool:
-        """Whether this rank runs the last stage (it needs the targets; it has the loss)."""
-        return self._stage.is_last
+        """Whether this rank runs the last stage or chunk (it needs the targets; it has the
+        loss): the last rank, or rank 0 with "zbv"."""
+        return any(st.is_last for st in self._stages)
 
     @property
     def current_progress_interval(self) -> float | None:
@@ -155,11 +204,12 @@ class Pipeline:
         return None if self.progress_interval is None else float(self.progress_interval)
 
     def parameters(self) -> Iterator[nn.Parameter]:
-        """This stage's parameters (give them to the optimizer)."""
+        """This stage's parameters, of both its chunks in a V (give them to the optimizer)."""
         return self.module.parameters()
 
     def state_dict(self) -> dict[str, Any]:
-        """This stage's parameters and buffers."""
+        """This stage's parameters and buffers (in a V, keyed ``"<k>.<layer>..."`` for its
+        ``k``-th chunk)."""
         return self.module.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -181,7 +231,8 @@ class Pipeline:
         Args:
             x: the batch's inputs ``[N, ...]``; needed on the first stage (ignored elsewhere,
                 may be None).
-            y: the targets ``[N, ...]``; needed on the last stage (ignored elsewhere).
+            y: the targets ``[N, ...]``; needed on the last stage (ignored elsewhere). With
+                "zbv" rank 0 holds both the first and the last chunk: it needs x and y.
             loss_fn: ``loss_fn(output, target)`` returning the MEAN loss over its rows
                 (e.g. ``nn.CrossEntropyLoss()``); micro-batch losses are weighted by their
                 share of the batch so the sum is the batch's mean loss.
@@ -189,7 +240,7 @@ class Pipeline:
                 (this replica's share of the global batch, b_k / B) scales them before a sum.
 
         Returns:
-            The batch's mean loss on the last stage, None on the others.
+            The batch's mean loss on the rank of the last stage or chunk, None on the others.
 
         Raises:
             PipelineError: on every rank of the pipeline, when the batch is missing where it
@@ -201,8 +252,9 @@ class Pipeline:
         m = self.micro_batches
         xs = torch.tensor_split(x, m) if self.is_first and x is not None else [None] * m
         ys = torch.tensor_split(y, m) if self.is_last and y is not None else [None] * m
-        loss, stats = run_step(self._stage, self._tasks, self.stage_group, xs, ys, n, loss_fn,
-                               checkpoint=self.checkpoint, defer_weights=self._deferred_weights,
+        loss, stats = run_step(self._stages, self._tasks, self.stage_group, xs, ys, n, loss_fn,
+                               placement=self.placement, checkpoint=self.checkpoint,
+                               defer_weights=self._deferred_weights,
                                interval=self.current_progress_interval)  # fmt: skip
         self._reduce_replicas(dp_weight)
         self._task_s = stats.busy_s / len(self._tasks) if self._tasks else None
@@ -212,14 +264,16 @@ class Pipeline:
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """Inference: the model's output ``[N, ...]`` on the last stage, None on the others.
+        """Inference: the model's output ``[N, ...]`` on the rank of the last stage or chunk,
+        None on the others.
 
         Args:
             x: the inputs ``[N, ...]`` on the first stage (ignored elsewhere, may be None).
         """
         n = self._agree_batch(x, None, need_targets=False)
         xs = torch.tensor_split(x, self.micro_batches) if self.is_first and x is not None else None
-        return run_forward(self._stage, self.stage_group, xs, min(self.micro_batches, n),
+        return run_forward(self._stages, self.stage_group, xs, min(self.micro_batches, n),
+                           placement=self.placement,
                            interval=self.current_progress_interval)  # fmt: skip
 
     def _agree_batch(
@@ -234,15 +288,17 @@ class Pipeline:
         facts = comm.allgather_object(mine, group=self.stage_group)
         problems = []
         rows = {}
+        first, last = self.placement[0], self.placement[-1]
         for stage, nx, ny in facts:
-            if stage == 0:
+            if stage == first:
                 if nx is None:
                     problems.append("the first stage got no inputs x")
                 else:
-                    rows["inputs x on stage 0"] = nx
-            if stage == self.stages - 1 and need_targets:
+                    rows[f"inputs x on stage {stage}"] = nx
+            if stage == last and need_targets:
+                holds = " (it holds the last chunk)" if len(self.chunks) > 1 else ""
                 if ny is None:
-                    problems.append(f"the last stage ({stage}) got no targets y")
+                    problems.append(f"the last stage ({stage}){holds} got no targets y")
                 else:
                     rows[f"targets y on stage {stage}"] = ny
         if len(set(rows.values())) > 1:

@@ -6,6 +6,10 @@ gradient, which the previous stage waits for) and W (the weights' gradients, whi
 waits for). Ticks come from simulating that order with one tick per pass: a pass starts as
 soon as its stage is free and its input exists (F after the previous stage's F of the same
 micro-batch, B after the next stage's B, the last stage's B after its own F, W after its own B).
+
+The V-shaped zero-bubble schedule (``"zbv"``) cuts the model into 2P chunks, two per stage
+(rank), and its table's rows name the chunk too (:attr:`Task.chunk`); the same rules hold
+between chunks, and a stage still runs one pass per tick.
 """
 
 from __future__ import annotations
@@ -21,12 +25,20 @@ WEIGHT = "W"  # the weights' gradients of a split backward
 
 
 class Task(NamedTuple):
-    """One row of a schedule: at ``tick``, ``stage`` runs pass ``kind`` of ``micro_batch``."""
+    """One row of a schedule: at ``tick``, ``stage`` runs pass ``kind`` of ``micro_batch`` (on
+    its model chunk ``chunk`` where a stage holds several, as in ZB-V; None: the stage's only
+    chunk, whose index is the stage's)."""
 
     tick: int
     stage: int
     micro_batch: int
     kind: str  # "F", "B" or "W"
+    chunk: int | None = None
+
+
+def chunk_of(task: Task) -> int:
+    """The model chunk ``task`` runs: its ``chunk``, or its stage where it has none."""
+    return task.stage if task.chunk is None else task.chunk
 
 
 def _check(stages: int, micro_batches: int) -> None:
@@ -168,11 +180,151 @@ def zero_bubble_schedule(stages: int, micro_batches: int) -> list[Task]:
     return clock(zero_bubble_order(stages, micro_batches))
 
 
-SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule, "zb": zero_bubble_schedule}
+def v_chunks(stages: int) -> list[int]:
+    """The stage (rank) of each of the ``2P`` chunks of a V: chunk ``c`` runs on stage ``c``
+    for ``c < P``, else on ``2P-1-c`` (stage 0 holds the first and the last chunk)."""
+    return [c if c < stages else 2 * stages - 1 - c for c in range(2 * stages)]
+
+
+def zbv_order(stages: int, micro_batches: int) -> list[list[tuple[int, int, str]]]:
+    """ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", arXiv 2405.15362):
+    2P chunks in a V (:func:`v_chunks`), each backward split into B and W.
+
+    Stage ``s`` holds chunk ``s`` (going down the V) and chunk ``2P-1-s`` (coming back up).
+    Its warm-up runs ``2(P-s)-1`` forwards of the first, then ``s`` pairs of forwards of both,
+    then ``P-s`` rounds of F, B, W of the second; the steady state alternates F, B, W of the
+    first and F, B, W of the second; the cool-down runs ``s`` pairs of B passes of both, then
+    B and W of the first, then the remaining W passes (torch.distributed.pipelining's
+    ScheduleZBVZeroBubble builds the same order). Counts stop at ``m`` (fewer micro-batches
+    than the warm-up wants shorten it).
+    With passes of equal length the bubble nearly vanishes once ``m >= 2P``. Activations live
+    from F to W: a stage holds at most ``2P`` chunk-micro-batches, i.e. 1F1B's peak of ``P``
+    micro-batches of a whole stage (each chunk holds half a stage's layers).
+
+    Returns:
+        ``orders[s]``: stage ``s``'s passes as ``(chunk, micro_batch, "F"|"B"|"W")``.
+    """
+    _check(stages, micro_batches)
+    return [_zbv_stage_order(stages, micro_batches, s) for s in range(stages)]
+
+
+def _zbv_stage_order(stages: int, m: int, s: int) -> list[tuple[int, int, str]]:
+    """Stage ``s``'s part of :func:`zbv_order`."""
+    P, down, up = stages, s, 2 * stages - 1 - s
+    order: list[tuple[int, int, str]] = []
+    done: dict[tuple[int, str], int] = {}  # (chunk, kind) -> passes so far
+
+    def count(c: int, kind: str) -> int:
+        return done.get((c, kind), 0)
+
+    def run(*passes: tuple[int, str]) -> None:
+        for c, kind in passes:
+            k = count(c, kind)
+            if k < m:  # the phases' counts stop at m
+                order.append((c, k, kind))
+                done[c, kind] = k + 1
+
+    for _ in range(2 * (P - s) - 1):
+        run((down, FORWARD))
+    for _ in range(s):
+        run((up, FORWARD), (down, FORWARD))
+    for _ in range(P - s):
+        run((up, FORWARD), (up, BACKWARD), (up, WEIGHT))
+    while count(up, FORWARD) < m:
+        run((down, FORWARD), (down, BACKWARD), (down, WEIGHT))
+        run((up, FORWARD), (up, BACKWARD), (up, WEIGHT))
+    for _ in range(s):
+        run((down, BACKWARD), (up, BACKWARD))
+    while count(down, BACKWARD) < m or count(up, BACKWARD) < m:
+        run((down, BACKWARD), (down, WEIGHT), (up, BACKWARD))
+    for c in (up, down):
+        while count(c, WEIGHT) < m:
+            run((c, WEIGHT))
+    return order
+
+
+def clock_chunks(
+    orders: Sequence[Sequence[tuple[int, int, str]]], chunks: Sequence[int]
+) -> list[Task]:
+    """:func:`clock` for stages holding several model chunks: one pass per stage and tick.
+
+    Args:
+        orders: ``orders[s]`` lists stage ``s``'s passes as ``(chunk, micro_batch, kind)``.
+        chunks: ``chunks[c]``, the stage running chunk ``c``; chunk ``c`` takes chunk
+            ``c-1``'s output and returns its input's gradient to it.
+
+    Returns:
+        Tasks (with their chunk) sorted by (tick, stage).
+
+    Raises:
+        ScheduleError: a stage runs a chunk it does not hold, the passes are incomplete, or
+            the orders wait on each other forever.
+    """
+    stages, last = len(orders), len(chunks) - 1
+    if stages == 0 or not chunks:
+        raise ScheduleError("a schedule needs at least one stage and one chunk")
+    if sorted(set(chunks)) != list(range(stages)):
+        raise ScheduleError(f"each of the {stages} stages must hold a chunk, got {list(chunks)}")
+    m = sum(1 for c, _, k in orders[chunks[0]] if c == 0 and k == FORWARD)
+    for s, order in enumerate(orders):
+        mine = [c for c, st in enumerate(chunks) if st == s]
+        if len(order) != sum(1 for c, _, _ in order if c in mine):
+            raise ScheduleError(f"stage {s} holds chunks {mine} only, got {order}")
+        for c in mine:
+            runs = sorted((i, k) for cc, i, k in order if cc == c)
+            plain = sorted((i, k) for i in range(m) for k in (FORWARD, BACKWARD))
+            if runs not in (plain, sorted(plain + [(i, WEIGHT) for i in range(m)])):
+                raise ScheduleError(
+                    f"stage {s} must run F and B (and W, if any) of micro-batches 0..{m - 1} of "
+                    f"chunk {c} exactly once, got {runs}"
+                )
+    done: dict[tuple[int, int, str], int] = {}  # (chunk, micro_batch, kind) -> tick
+    pos, free = [0] * stages, [0] * stages
+    total = sum(len(order) for order in orders)
+    while len(done) < total:
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(orders[s]):
+                c, i, kind = orders[s][pos[s]]
+                if kind == FORWARD:
+                    dep = (c - 1, i, FORWARD) if c > 0 else None
+                elif kind == WEIGHT:
+                    dep = (c, i, BACKWARD)
+                else:
+                    dep = (c + 1, i, BACKWARD) if c < last else (c, i, FORWARD)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[s], done[dep] + 1 if dep is not None else 0)
+                done[(c, i, kind)] = start
+                free[s] = start + 1
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            stuck = {s: orders[s][pos[s]] for s in range(stages) if pos[s] < len(orders[s])}
+            raise ScheduleError(f"the per-stage orders deadlock; stages wait at {stuck}")
+    return sorted(
+        (Task(t, chunks[c], i, k, c) for (c, i, k), t in done.items()),
+        key=lambda r: (r.tick, r.stage),
+    )
+
+
+def zbv_schedule(stages: int, micro_batches: int) -> list[Task]:
+    """The ZB-V table: 2P chunks in a V, two per stage, split backwards filling the bubble."""
+    return clock_chunks(zbv_order(stages, micro_batches), v_chunks(stages))
+
+
+SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule, "zb": zero_bubble_schedule,
+             "zbv": zbv_schedule}  # fmt: skip
+V_SCHEDULES = {"zbv"}  # schedules over 2P chunks, two per stage
+
+
+def chunks_per_stage(name: str) -> int:
+    """Model chunks each stage holds under schedule ``name``: 2 for a V, else 1."""
+    return 2 if name in V_SCHEDULES else 1
 
 
 def make_schedule(name: str, stages: int, micro_batches: int) -> list[Task]:
-    """The schedule called ``name`` ("gpipe", "1f1b" or "zb").
+    """The schedule called ``name`` ("gpipe", "1f1b", "zb" or "zbv").
 
     Raises:
         ScheduleError: unknown name or impossible sizes.
@@ -183,7 +335,7 @@ def make_schedule(name: str, stages: int, micro_batches: int) -> list[Task]:
 
 
 def stage_tasks(table: Sequence[Task], stage: int) -> list[Task]:
-    """The rows of ``stage``, in the order that stage runs them."""
+    """The rows of ``stage`` (of all its chunks), in the order that stage runs them."""
     return sorted((t for t in table if t.stage == stage), key=lambda r: r.tick)
 
 
@@ -211,7 +363,8 @@ def has_weight_passes(table: Sequence[Task], stage: int) -> bool:
 
 def peak_in_flight(table: Sequence[Task], stage: int) -> int:
     """Most micro-batches whose forward has run on ``stage`` but not yet their backward (their
-    W, where the stage splits it): those whose activations the stage holds."""
+    W, where the stage splits it): those whose activations the stage holds (counted per
+    chunk where the stage holds several)."""
     last = WEIGHT if has_weight_passes(table, stage) else BACKWARD
     live = peak = 0
     for t in stage_tasks(table, stage):

@@ -184,7 +184,12 @@ class TrainConfig:
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
-    schedule: str = _f("1f1b", "pipeline schedule", choices=("1f1b", "gpipe", "zb"))
+    schedule: str = _f(
+        "1f1b",
+        "pipeline schedule (zbv, two model chunks per stage, is in the Pipeline API only: jobs "
+        "refuse it)",
+        choices=("1f1b", "gpipe", "zb", "zbv"),
+    )
     # Reliability and output
     eval_every: int = _f(
         1, "epochs between test evaluations on rank 0 (0: only at the end)", operational=True

@@ -40,7 +40,8 @@ def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
 
     Raises:
         ConfigError: ``--pipeline-stages`` does not divide the world size, the global batch
-            does not split into replicas and micro-batches, or a setting is unsupported.
+            does not split into replicas and micro-batches, or a setting is unsupported
+            (``--schedule zbv`` among them).
     """
     p = cfg.pipeline_stages
     if world_size % p:
@@ -53,6 +54,13 @@ def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
         raise ConfigError(
             f"--batch-size {cfg.batch_size} must give each of the {d} replica(s) at least "
             f"--micro-batches {cfg.micro_batches} rows"
+        )
+    if cfg.schedule == "zbv":  # its stages hold two chunks; the job's engine holds one
+        raise ConfigError(
+            f"--schedule zbv with --pipeline-stages {p}: the training job runs one model chunk "
+            "per stage and does not support zbv's two; use --schedule zb in jobs (zbv is "
+            'available in the Pipeline API: Pipeline(..., schedule="zbv"))',
+            key="schedule",
         )
     wrong = [need for key, ok, need in _PIPELINE_UNSUPPORTED if getattr(cfg, key) not in ok]
     if wrong:

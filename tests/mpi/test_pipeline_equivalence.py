@@ -333,3 +333,202 @@ def test_time_balance_is_the_same_on_every_rank() -> None:
         build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time")
     with pytest.raises(PipelineError, match="'params', 'time' or layers per stage"):
         build_pipeline(make_model(), stages=stages, micro_batches=2, balance="flops")
+
+
+# ZB-V: (stages, replicas, balance) with 2P chunks of the 7-layer model; chunk c runs on rank c
+# for c < P, else on rank 2P-1-c (P=4 would need 8 chunks).
+ZBV_CONFIGS = [
+    pytest.param(1, 1, (3, 4), id="P1"),
+    pytest.param(2, 1, (2, 2, 2, 1), id="P2"),
+    pytest.param(3, 1, (1, 1, 2, 1, 1, 1), id="P3"),
+    pytest.param(2, 2, (2, 1, 2, 2), id="P2xD2"),
+]
+
+
+def chunk_grads(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    """The gradients of this rank's chunks under the whole model's parameter names."""
+    mods = list(pipe.module) if len(pipe.chunks) > 1 else [pipe.module]
+    out = {}
+    for c, mod in zip(pipe.chunks, mods, strict=True):
+        offset = sum(pipe.balance[:c])
+        for k, p in mod.named_parameters():
+            layer, name = k.split(".", 1)
+            assert p.grad is not None, f"chunk {c}: no gradient for {k}"
+            out[f"{int(layer) + offset}.{name}"] = p.grad
+    return out
+
+
+def chunk_names(pipe: Pipeline) -> set[str]:
+    out = set()
+    for c in pipe.chunks:
+        lo, hi = sum(pipe.balance[:c]), sum(pipe.balance[: c + 1])
+        out |= {k for k, _ in make_model().named_parameters() if lo <= int(k.split(".")[0]) < hi}
+    return out
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
+@pytest.mark.parametrize(
+    ("rows", "micro_batches", "checkpoint"),
+    [
+        pytest.param(16, 4, False, id="16rows-m4"),
+        pytest.param(10, 4, False, id="10rows-m4-uneven"),
+        pytest.param(12, 3, True, id="12rows-m3-recompute"),
+        pytest.param(24, 8, False, id="24rows-m8"),
+    ],
+)
+def test_zbv_loss_and_gradients_match_one_process(
+    stages: int, replicas: int, balance: tuple[int, ...], rows: int, micro_batches: int,
+    checkpoint: bool,
+) -> None:
+    groups = groups_for(stages, replicas)
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=micro_batches, schedule="zbv",
+                    stage_group=groups.stage_group, dp_group=groups.dp_group,
+                    checkpoint=checkpoint)  # fmt: skip
+    r = pipe.stage
+    assert pipe.chunks == sorted({r, 2 * stages - 1 - r})
+    assert pipe.is_first is (r == 0) and pipe.is_last is (r == 0)  # rank 0: chunks 0 and 2P-1
+    x, y = make_batch(rows * replicas)
+    d = groups.layout.replica
+    xd, yd = x[d * rows : (d + 1) * rows], y[d * rows : (d + 1) * rows]
+    for _ in range(2):  # a second step reuses the tags and must give the same result
+        pipe.module.zero_grad()
+        loss = pipe.train_step(xd, yd, nn.functional.cross_entropy)
+    ref_loss, _ = reference_grads(xd, yd)
+    _, ref = reference_grads(x, y)
+    if r == 0:
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    else:
+        assert loss is None
+    got = chunk_grads(pipe)
+    assert set(got) == chunk_names(pipe)
+    assert len(list(pipe.parameters())) == len(got)  # both chunks' parameters
+    for k, g in got.items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize(
+    ("split", "nested"), [(False, False), (True, True)], ids=["split-off", "nested-fallback"]
+)
+def test_zbv_without_the_split_matches_too(split: bool, nested: bool) -> None:
+    stages = comm.size()
+    if stages not in (2, 3):
+        pytest.skip("P=2 and P=3 only")
+    groups = groups_for(stages, 1)
+    model = make_nested_model() if nested else make_model()  # the block: layers 2-3
+    n = len(model)  # 7, or 6 with the block
+    balance = (2, 1, 2, n - 5) if stages == 2 else (1, 1, 1, 1, 1, n - 5)
+    pipe = Pipeline(model, balance=balance, micro_batches=4, schedule="zbv",
+                    stage_group=groups.stage_group, split_backward=split)  # fmt: skip
+    splits = [st.split_backward for st in pipe._stages]
+    if not split:
+        assert not any(splits)
+    holds_block = [any(isinstance(m, nn.Sequential) for m in st.module) for st in pipe._stages]
+    for c, s, block in zip(pipe.chunks, splits, holds_block, strict=True):
+        assert s is (split and c > 0 and not block)
+    x, y = make_batch(16)
+    loss = pipe.train_step(x, y, nn.functional.cross_entropy)
+    ref_loss, ref = reference_grads(x, y)
+    if pipe.is_last:
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    names = [k for k, _ in make_model().named_parameters()]
+    layers = list(model)
+    for c, st in zip(pipe.chunks, pipe._stages, strict=True):
+        start = sum(len(list(m.parameters())) for m in layers[: sum(pipe.balance[:c])])
+        mine = list(st.module.parameters())
+        for p, name in zip(mine, names[start : start + len(mine)], strict=True):
+            assert p.grad is not None, name
+            torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
+def test_zbv_inference_matches_one_process(
+    stages: int, replicas: int, balance: tuple[int, ...]
+) -> None:
+    groups = groups_for(stages, replicas)
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=3, schedule="zbv",
+                    stage_group=groups.stage_group)  # fmt: skip
+    x, _ = make_batch(11)
+    out = pipe.forward(x if pipe.is_first else None)
+    if pipe.stage == 0:
+        assert out is not None
+        with torch.no_grad():
+            torch.testing.assert_close(out, make_model()(x), rtol=1e-5, atol=1e-6)
+    else:
+        assert out is None
+
+
+@pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
+def test_zbv_activation_memory_is_flat_in_micro_batches(
+    stages: int, replicas: int, balance: tuple[int, ...]
+) -> None:
+    groups = groups_for(stages, replicas)
+    peaks = {}
+    for m in (8, 16):  # both past the warm-up's 2P - 1 forwards
+        pipe = Pipeline(make_model(), balance=balance, micro_batches=m, schedule="zbv",
+                        stage_group=groups.stage_group)  # fmt: skip
+        x, y = make_batch(4 * m)
+        with ActivationMeter() as meter:
+            pipe.train_step(x, y, nn.functional.cross_entropy)
+        assert meter.live_bytes == 0, "activations must be freed by the end of the step"
+        peaks[m] = meter.peak_bytes
+        # chunk-micro-batches: at most 2 min(P, m), 1F1B's peak in half-stage chunks
+        assert pipe.stats.peak_in_flight == peak_in_flight(pipe.table, pipe.stage)
+        assert pipe.stats.peak_in_flight <= 2 * min(stages, m)
+    assert peaks[8] == peaks[16]
+
+
+def test_zbv_needs_targets_on_rank_0_and_a_balance_per_chunk() -> None:
+    stages = comm.size()
+    if stages not in (2, 3):
+        pytest.skip("P=2 and P=3 only")
+    groups = groups_for(stages, 1)
+    with pytest.raises(PipelineError, match=f"give {2 * stages} layer counts, one per chunk"):
+        Pipeline(make_model(), balance=(2,) * (stages - 1) + (7 - 2 * (stages - 1),),
+                 micro_batches=4, schedule="zbv", stage_group=groups.stage_group)
+    balance = (2, 2, 2, 1) if stages == 2 else (1, 1, 2, 1, 1, 1)
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=4, schedule="zbv",
+                    stage_group=groups.stage_group)  # fmt: skip
+    x, y = make_batch(8)
+    # y where the 1F1B's last stage would need it, not on rank 0: every rank raises
+    with pytest.raises(PipelineError, match=r"last stage \(0\) \(it holds the last chunk\)"):
+        pipe.train_step(x, y if pipe.stage == stages - 1 else None, nn.functional.cross_entropy)
+    pipe.train_step(x if pipe.stage == 0 else None, y if pipe.stage == 0 else None,
+                    nn.functional.cross_entropy)  # only rank 0 needs the batch
+    with pytest.raises(PipelineError, match=r"in 1\.\.4096"):
+        Pipeline(make_model(), balance=balance, micro_batches=4097, schedule="zbv",
+                 stage_group=groups.stage_group)
+
+
+def test_zbv_state_dict_round_trips_both_chunks() -> None:
+    stages = comm.size()
+    if stages not in (1, 2, 3):
+        pytest.skip("P = 1, 2 or 3")
+    groups = groups_for(stages, 1)
+    balance = {1: (3, 4), 2: (2, 2, 2, 1), 3: (1, 1, 2, 1, 1, 1)}[stages]
+    pipe = Pipeline(make_model(), balance=balance, micro_batches=2, schedule="zbv",
+                    stage_group=groups.stage_group)  # fmt: skip
+    state = pipe.state_dict()
+    other = Pipeline(make_model(seed=7), balance=balance, micro_batches=2, schedule="zbv",
+                     stage_group=groups.stage_group)  # fmt: skip
+    holding = {str(k) for k, mod in enumerate(pipe.module) if list(mod.parameters())}
+    assert {k.split(".")[0] for k in state} == holding  # the rank's two chunks (with weights)
+    assert len(state) == sum(1 for _ in pipe.parameters())
+    other.load_state_dict(state)
+    for a, b in zip(pipe.parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("balance", ["params", "time"])
+def test_build_pipeline_cuts_zbv_into_two_chunks_per_stage(balance: str) -> None:
+    stages = comm.size()
+    if 2 * stages > len(make_model()):
+        pytest.skip("more chunks than layers")
+    x, y = make_batch(8)
+    pipe = build_pipeline(make_model(), stages=stages, micro_batches=2, schedule="zbv",
+                          balance=balance, sample=(x, y), loss_fn=nn.functional.cross_entropy)
+    assert len(pipe.balance) == 2 * stages and sum(pipe.balance) == len(make_model())
+    assert len(set(comm.allgather_object(pipe.balance))) == 1
+    pipe.train_step(x, y, nn.functional.cross_entropy)
+    _, ref = reference_grads(x, y)
+    for k, g in chunk_grads(pipe).items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
