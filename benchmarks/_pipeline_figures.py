@@ -49,7 +49,8 @@ def timings(
     single_s = med(single_r)
     # The best schedule of each side by its speedup (as above, the median of the rounds' own
     # ratios); then their ratio per round.
-    best = max(["1f1b", "gpipe", "zb"], key=lambda s: med(ratio_r[s]))
+    best = max([s for s in ("1f1b", "gpipe", "zb", "zbv") if s in ratio_r],
+               key=lambda s: med(ratio_r[s]))  # fmt: skip
     torch_best = max(peers, key=lambda s: med(ratio_r[s])) if peers else None
     over_torch = (
         med([t / h for h, t in zip(step_r[best], step_r[torch_best], strict=True)])
@@ -133,6 +134,11 @@ def result(
         "speedup_zb_each_round": [round(v, 3) for v in ratio_r["zb"]],
         "idle_fraction_zb": round(idle["zb"], 4),
         "stage_wait_ms_per_step_zb": [round(b["wait_ms"], 1) for b in stages["zb"]],
+        "pipeline_zbv_samples_per_s": round(B / step_s["zbv"], 2),
+        "speedup_zbv": round(med(ratio_r["zbv"]), 3),
+        "speedup_zbv_each_round": [round(v, 3) for v in ratio_r["zbv"]],
+        "idle_fraction_zbv": round(idle["zbv"], 4),
+        "stage_wait_ms_per_step_zbv": [round(b["wait_ms"], 1) for b in stages["zbv"]],
         "hethpc_best": t.best,
         "speedup_best": round(speedup_best, 3),
         "torch_samples_per_s": {s: round(B / step_s[s], 2) for s in peers},
@@ -165,5 +171,6 @@ def result(
         "peak_activation_mib_1f1b": memory["1f1b"],
         "peak_activation_mib_gpipe": memory["gpipe"],
         "peak_activation_mib_zb": memory["zb"],
+        "peak_activation_mib_zbv": memory["zbv"],
         "peak_1f1b_flat_in_m": len(set(memory["1f1b"])) == 1,
     }

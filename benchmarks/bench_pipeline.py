@@ -11,7 +11,9 @@ fixed). The last stdout line is one JSON object.
 The pipeline's last stage splits its backward (input gradient first, sent at once; weight
 gradients after: hethpc.pipeline.backward); ``1f1b-unsplit`` runs the same 1F1B with a plain
 backward beside it, and ``split_backward_gain`` is the median of the rounds' step-time ratios.
-``zb`` is the zero-bubble schedule ZB-H1 (W passes postponed into 1F1B's bubble).
+``zb`` is the zero-bubble schedule ZB-H1 (W passes postponed into 1F1B's bubble); ``zbv`` is
+ZB-V: the model in 4 equal chunks, two per rank in a V (rank 0: chunks 0 and 3, rank 1: 1 and
+2), cut as the ``torch-zbv`` peer cuts them, so the two compare like for like.
 
 Peer rows: PyTorch's own ``torch.distributed.pipelining`` (PipelineStage with ScheduleGPipe,
 Schedule1F1B, and, on 4 chunks of the same model, two per rank, ScheduleInterleaved1F1B,
@@ -208,7 +210,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     # "1f1b-unsplit": 1F1B with a plain backward on the last stage (it sends its input's
     # gradient only after its weights' gradients), to show what the split backward gains.
     variants = {"1f1b": ("1f1b", True), "gpipe": ("gpipe", True), "1f1b-unsplit": ("1f1b", False),
-                "zb": ("zb", True)}  # fmt: skip
+                "zb": ("zb", True), "zbv": ("zbv", True)}  # fmt: skip
     # The split: timed on one micro-batch on rank 0 and broadcast (so both ranks cut alike),
     # or by parameters. The profile is taken either way, for its predicted stage times.
     rows = B // m
@@ -219,8 +221,12 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     say(f"balance by {args.balance}: {list(balance)} layers per stage; predicted stage ms per "
         f"micro-batch {[round(t * 1e3, 2) for t in predicted]}, the whole model "
         f"{profile.whole_s * 1e3:.2f} (bound {profile.whole_s / max(predicted):.3f}x)")
+    # zbv: 4 equal chunks, as the torch-zbv peer (_torch_pipelining) cuts the model
+    chunks = 2 * comm.size()
+    zbv_balance = [len(single_model) // chunks] * chunks
     pipes = {
-        k: Pipeline(make_model(w, L), balance=balance, micro_batches=m, schedule=s,
+        k: Pipeline(make_model(w, L), balance=zbv_balance if s == "zbv" else balance,
+                    micro_batches=m, schedule=s,
                     stage_group=comm.world(), progress_interval=interval, split_backward=split,
                     device=dev)
         for k, (s, split) in variants.items()
@@ -273,14 +279,15 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             say(f"{s} stage {k}: F {b['f_ms']:.2f} ms/micro-batch, B {b['b_ms']:.2f}, "
                 f"waiting {b['wait_ms']:.1f} ms/step of {b['step_ms']:.1f}, idle {b['idle']:.3f}")
 
-    memory: dict[str, list[float]] = {"1f1b": [], "gpipe": [], "zb": []}
+    memory: dict[str, list[float]] = {"1f1b": [], "gpipe": [], "zb": [], "zbv": []}
     ms = [int(v) for v in args.memory_ms.split(",")]
     for mm in ms:
         rows = mm * args.memory_rows
         xm = x[:rows] if rows <= B else torch.randn(rows, w, device=dev)
         ym = torch.randn(rows, w, device=dev)
         for s in memory:
-            pipe = Pipeline(make_model(w, L), balance=balance, micro_batches=mm,
+            pipe = Pipeline(make_model(w, L), balance=zbv_balance if s == "zbv" else balance,
+                            micro_batches=mm,
                             schedule=s, stage_group=comm.world(), device=dev)
             with ActivationMeter() as meter:
                 pipe.train_step(xm, ym, loss_fn)
@@ -288,12 +295,13 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             memory[s].append(round(peak / 2**20, 3))
         say(f"memory m={mm:>3} ({args.memory_rows} rows each): peak activations "
             f"1f1b {memory['1f1b'][-1]:.2f} MiB, gpipe {memory['gpipe'][-1]:.2f} MiB, "
-            f"zb {memory['zb'][-1]:.2f} MiB")
+            f"zb {memory['zb'][-1]:.2f} MiB, zbv {memory['zbv'][-1]:.2f} MiB")
 
     say(f"hethpc best: {fig.best} {med(fig.ratio_r[fig.best]):.3f}x one rank; torch best: "
         f"{fig.torch_best}" + (f", hethpc best / torch best {fig.over_torch:.3f}"
                                if fig.over_torch is not None else ""))  # fmt: skip
     run = {
+        "balance_zbv": zbv_balance,
         "progress_interval": interval,
         "progress_interval_used_s": pipes["1f1b"].current_progress_interval,
         "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
