@@ -44,6 +44,21 @@ SCHEDULES = ["gpipe", "1f1b", "zb"]
 KINDS = {"gpipe": "FB", "1f1b": "FB", "zb": "FBW"}  # the passes each stage runs
 
 
+def assert_after_inputs(at: dict[tuple[int, int, str], int], chunks: int) -> None:
+    """Each pass of ``at`` ((chunk, micro-batch, kind) -> tick, a stage being its own chunk in
+    the one-chunk schedules) runs after its inputs: F after the previous chunk's F, B after its
+    own F and the next chunk's B, W after its own B."""
+    for (c, i, kind), tick in at.items():
+        if kind == "F" and c > 0:
+            assert tick > at[c - 1, i, "F"]
+        if kind == "B":
+            assert tick > at[c, i, "F"]
+            if c < chunks - 1:
+                assert tick > at[c + 1, i, "B"]
+        if kind == "W":
+            assert tick > at[c, i, "B"]
+
+
 @pytest.mark.parametrize("name", SCHEDULES)
 @pytest.mark.parametrize(("stages", "m"), SIZES)
 def test_every_pass_runs_once_after_its_inputs(name: str, stages: int, m: int) -> None:
@@ -52,15 +67,7 @@ def test_every_pass_runs_once_after_its_inputs(name: str, stages: int, m: int) -
     kinds = KINDS[name]
     assert len(at) == len(table) == len(kinds) * stages * m
     assert set(at) == {(s, i, k) for s in range(stages) for i in range(m) for k in kinds}
-    for (s, i, kind), tick in at.items():
-        if kind == "F" and s > 0:
-            assert tick > at[s - 1, i, "F"]
-        if kind == "B":
-            assert tick > at[s, i, "F"]
-            if s < stages - 1:
-                assert tick > at[s + 1, i, "B"]
-        if kind == "W":
-            assert tick > at[s, i, "B"]
+    assert_after_inputs(at, stages)
     for s in range(stages):  # one pass per tick per stage
         ticks = [t.tick for t in stage_tasks(table, s)]
         assert len(set(ticks)) == len(ticks)
@@ -195,15 +202,7 @@ def test_zbv_runs_every_pass_of_every_chunk_once_after_its_inputs(stages: int, m
     assert set(at) == {(c, i, k) for c in range(chunks) for i in range(m) for k in "FBW"}
     for t in table:  # the V: stage s holds chunks s and 2P-1-s
         assert t.chunk in (t.stage, chunks - 1 - t.stage)
-    for (c, i, kind), tick in at.items():
-        if kind == "F" and c > 0:
-            assert tick > at[c - 1, i, "F"]
-        if kind == "B":
-            assert tick > at[c, i, "F"]
-            if c < chunks - 1:
-                assert tick > at[c + 1, i, "B"]
-        if kind == "W":
-            assert tick > at[c, i, "B"]
+    assert_after_inputs(at, chunks)
     for s in range(stages):  # one pass per tick per stage, both chunks together
         ticks = [t.tick for t in stage_tasks(table, s)]
         assert len(set(ticks)) == len(ticks)

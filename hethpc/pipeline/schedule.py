@@ -135,34 +135,46 @@ def clock(orders: Sequence[Sequence[tuple[int, str]]]) -> list[Task]:
                 f"stage {s} must run F and B (and W, if any) of micro-batches 0..{m - 1} "
                 f"exactly once, got {order}"
             )
-    done: dict[tuple[int, int, str], int] = {}  # (stage, micro_batch, kind) -> tick
-    pos = [0] * stages
-    free = [0] * stages
-    total = sum(len(order) for order in orders)
+    done = _tick([[(s, i, k) for i, k in order] for s, order in enumerate(orders)], orders)
+    return sorted(
+        (Task(t, s, i, k) for (s, i, k), t in done.items()), key=lambda r: (r.tick, r.stage)
+    )
+
+
+def _tick(
+    passes: Sequence[Sequence[tuple[int, int, str]]], shown: Sequence[Sequence[object]]
+) -> dict[tuple[int, int, str], int]:
+    """Simulate per-stage orders of ``(chunk, micro_batch, kind)`` passes, one pass per stage
+    and tick: F of chunk ``c`` after F of ``c-1``, B after B of ``c+1`` (the last chunk's after
+    its own F), W after its own B. Returns each pass's tick; ``shown`` (the orders as the caller
+    gave them) names the waiting passes when the orders deadlock."""
+    stages = len(passes)
+    last = max((c for order in passes for c, _, _ in order), default=0)
+    done: dict[tuple[int, int, str], int] = {}  # (chunk, micro_batch, kind) -> tick
+    pos, free = [0] * stages, [0] * stages
+    total = sum(len(order) for order in passes)
     while len(done) < total:
         progressed = False
         for s in range(stages):
-            while pos[s] < len(orders[s]):
-                i, kind = orders[s][pos[s]]
+            while pos[s] < len(passes[s]):
+                c, i, kind = passes[s][pos[s]]
                 if kind == FORWARD:
-                    dep = (s - 1, i, FORWARD) if s > 0 else None
+                    dep = (c - 1, i, FORWARD) if c > 0 else None
                 elif kind == WEIGHT:
-                    dep = (s, i, BACKWARD)
+                    dep = (c, i, BACKWARD)
                 else:
-                    dep = (s + 1, i, BACKWARD) if s < stages - 1 else (s, i, FORWARD)
+                    dep = (c + 1, i, BACKWARD) if c < last else (c, i, FORWARD)
                 if dep is not None and dep not in done:
                     break
                 start = max(free[s], done[dep] + 1 if dep is not None else 0)
-                done[(s, i, kind)] = start
+                done[(c, i, kind)] = start
                 free[s] = start + 1
                 pos[s] += 1
                 progressed = True
         if not progressed:
-            stuck = {s: orders[s][pos[s]] for s in range(stages) if pos[s] < len(orders[s])}
+            stuck = {s: shown[s][pos[s]] for s in range(stages) if pos[s] < len(passes[s])}
             raise ScheduleError(f"the per-stage orders deadlock; stages wait at {stuck}")
-    return sorted(
-        (Task(t, s, i, k) for (s, i, k), t in done.items()), key=lambda r: (r.tick, r.stage)
-    )
+    return done
 
 
 def gpipe_schedule(stages: int, micro_batches: int) -> list[Task]:
@@ -260,7 +272,7 @@ def clock_chunks(
         ScheduleError: a stage runs a chunk it does not hold, the passes are incomplete, or
             the orders wait on each other forever.
     """
-    stages, last = len(orders), len(chunks) - 1
+    stages = len(orders)
     if stages == 0 or not chunks:
         raise ScheduleError("a schedule needs at least one stage and one chunk")
     if sorted(set(chunks)) != list(range(stages)):
@@ -278,30 +290,7 @@ def clock_chunks(
                     f"stage {s} must run F and B (and W, if any) of micro-batches 0..{m - 1} of "
                     f"chunk {c} exactly once, got {runs}"
                 )
-    done: dict[tuple[int, int, str], int] = {}  # (chunk, micro_batch, kind) -> tick
-    pos, free = [0] * stages, [0] * stages
-    total = sum(len(order) for order in orders)
-    while len(done) < total:
-        progressed = False
-        for s in range(stages):
-            while pos[s] < len(orders[s]):
-                c, i, kind = orders[s][pos[s]]
-                if kind == FORWARD:
-                    dep = (c - 1, i, FORWARD) if c > 0 else None
-                elif kind == WEIGHT:
-                    dep = (c, i, BACKWARD)
-                else:
-                    dep = (c + 1, i, BACKWARD) if c < last else (c, i, FORWARD)
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[s], done[dep] + 1 if dep is not None else 0)
-                done[(c, i, kind)] = start
-                free[s] = start + 1
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            stuck = {s: orders[s][pos[s]] for s in range(stages) if pos[s] < len(orders[s])}
-            raise ScheduleError(f"the per-stage orders deadlock; stages wait at {stuck}")
+    done = _tick(orders, orders)
     return sorted(
         (Task(t, chunks[c], i, k, c) for (c, i, k), t in done.items()),
         key=lambda r: (r.tick, r.stage),

@@ -32,6 +32,17 @@ CONFIGS = [
     pytest.param(4, 1, (2, 2, 2, 1), id="P4"),
 ]
 SCHEDULES = ["gpipe", "1f1b", "zb"]
+ZBV_CONFIGS = [
+    pytest.param(1, 1, (3, 4), id="P1"),
+    pytest.param(2, 1, (2, 2, 2, 1), id="P2"),
+    pytest.param(3, 1, (1, 1, 2, 1, 1, 1), id="P3"),
+    pytest.param(2, 2, (2, 1, 2, 2), id="P2xD2"),
+]
+# every schedule with its stage layouts (zbv cuts 2P chunks)
+SCHEDULE_CASES = [
+    *(pytest.param(s, *c.values, id=f"{s}-{c.id}") for s in SCHEDULES for c in CONFIGS),
+    *(pytest.param("zbv", *c.values, id=f"zbv-{c.id}") for c in ZBV_CONFIGS),
+]
 _groups: dict[int, PipelineGroups] = {}
 
 
@@ -224,11 +235,11 @@ def test_replicas_weighted_by_unequal_batches(
         torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
+@pytest.mark.parametrize(("schedule", "stages", "replicas", "balance"), SCHEDULE_CASES)
 def test_inference_matches_one_process(
-    stages: int, replicas: int, balance: tuple[int, ...], schedule: str
+    schedule: str, stages: int, replicas: int, balance: tuple[int, ...]
 ) -> None:
+    """On the rank holding the last stage (with zbv rank 0, which holds the last chunk)."""
     groups = groups_for(stages, replicas)
     pipe = Pipeline(make_model(), balance=balance, micro_batches=3, schedule=schedule,
                     stage_group=groups.stage_group)
@@ -337,12 +348,6 @@ def test_time_balance_is_the_same_on_every_rank() -> None:
 
 # ZB-V: (stages, replicas, balance) with 2P chunks of the 7-layer model; chunk c runs on rank c
 # for c < P, else on rank 2P-1-c (P=4 would need 8 chunks).
-ZBV_CONFIGS = [
-    pytest.param(1, 1, (3, 4), id="P1"),
-    pytest.param(2, 1, (2, 2, 2, 1), id="P2"),
-    pytest.param(3, 1, (1, 1, 2, 1, 1, 1), id="P3"),
-    pytest.param(2, 2, (2, 1, 2, 2), id="P2xD2"),
-]
 
 
 def chunk_grads(pipe: Pipeline) -> dict[str, torch.Tensor]:
@@ -438,23 +443,6 @@ def test_zbv_without_the_split_matches_too(split: bool, nested: bool) -> None:
         for p, name in zip(mine, names[start : start + len(mine)], strict=True):
             assert p.grad is not None, name
             torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
-def test_zbv_inference_matches_one_process(
-    stages: int, replicas: int, balance: tuple[int, ...]
-) -> None:
-    groups = groups_for(stages, replicas)
-    pipe = Pipeline(make_model(), balance=balance, micro_batches=3, schedule="zbv",
-                    stage_group=groups.stage_group)  # fmt: skip
-    x, _ = make_batch(11)
-    out = pipe.forward(x if pipe.is_first else None)
-    if pipe.stage == 0:
-        assert out is not None
-        with torch.no_grad():
-            torch.testing.assert_close(out, make_model()(x), rtol=1e-5, atol=1e-6)
-    else:
-        assert out is None
 
 
 @pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
