@@ -10,6 +10,7 @@ import torch
 from hethpc import comm
 from hethpc.sync.agreement import check_weight
 from hethpc.sync.averaging import average_gradients_
+from hethpc.sync.errors import SyncError
 from hethpc.sync.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
 from hethpc.sync.policy import Outcome, SyncPolicy
 
@@ -87,12 +88,17 @@ class BSP(SyncPolicy):
             nbytes = self._buckets.nbytes
         else:
             # The weight check rides in the gradient allreduce: one collective per step.
-            prescaled = self._prescaled == (weight,)
+            asked, self._prescaled = self._prescaled, None
+            prescaled = asked is not None
+            if asked is not None and asked != (weight,):  # the loss was scaled by another weight
+                raise SyncError(
+                    f"BSP.step got weight={weight!r} but loss_scale was asked for "
+                    f"weight={asked[0]!r}; pass the same weight to both"
+                )
             nbytes = average_gradients_(
                 model.parameters(), weight=weight, group=self.group, check=self.check_weights,
                 prescaled=prescaled,
             )  # fmt: skip
-        self._prescaled = None
         votes = comm.size() if self.group is None else self.group.size
         seconds = time.perf_counter() - t0
         optimizer.step()

@@ -285,6 +285,10 @@ def test_bsp_loss_scale_gives_the_global_batch_gradient_without_a_scaling_pass(
     assert BSP(keep_records=False).loss_scale(-1.0) == 1.0
     assert BSP().loss_scale(weight) == 1.0  # its records hold the unscaled norms
     assert BSP(overlap=True, keep_records=False).loss_scale(weight) == 1.0
+    policy = BSP(keep_records=False)
+    policy.loss_scale(0.25)  # a loss scaled by 0.25, then a step told another weight
+    with pytest.raises(SyncError, match="pass the same weight to both"):
+        policy.step(models[1], torch.optim.SGD(models[1].parameters(), lr=0.1), weight=0.5)
 
 
 def test_gradients_accumulated_into_the_buffer_are_averaged_again(world: tuple[int, int]) -> None:
