@@ -97,15 +97,40 @@ def expected_names(pipe: Pipeline) -> set[str]:
     return {k for k, _ in make_model().named_parameters() if lo <= int(k.split(".")[0]) < hi}
 
 
+ROW_CASES = [  # (rows per replica, micro-batches, checkpoint)
+    pytest.param(16, 4, False, id="16rows-m4"),
+    pytest.param(10, 4, False, id="10rows-m4-uneven"),
+    pytest.param(12, 3, True, id="12rows-m3-recompute"),
+]
+
+
+def train_replica_slice(
+    pipe: Pipeline, groups: PipelineGroups, rows: int, replicas: int
+) -> tuple[float | None, float, dict[str, torch.Tensor]]:
+    """Two steps of ``pipe`` on its replica's ``rows`` of one batch; ``(loss, the loss of that
+    slice in one process, the whole batch's gradients in one process)`` (replicas average to
+    the whole batch's gradient)."""
+    x, y = make_batch(rows * replicas)
+    d = groups.layout.replica
+    xd, yd = x[d * rows : (d + 1) * rows], y[d * rows : (d + 1) * rows]
+    for _ in range(2):  # a second step reuses the tags and must give the same result
+        pipe.module.zero_grad()
+        loss = pipe.train_step(xd, yd, nn.functional.cross_entropy)
+    ref_loss, _ = reference_grads(xd, yd)
+    _, ref = reference_grads(x, y)
+    return loss, ref_loss, ref
+
+
+def assert_grads_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+    for k, g in got.items():
+        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("stages", "replicas", "balance"), CONFIGS)
 @pytest.mark.parametrize(
     ("rows", "micro_batches", "checkpoint"),
-    [
-        pytest.param(16, 4, False, id="16rows-m4"),
-        pytest.param(10, 4, False, id="10rows-m4-uneven"),
-        pytest.param(12, 3, True, id="12rows-m3-recompute"),
-    ],
+    ROW_CASES,
 )
 def test_loss_and_gradients_match_one_process(
     stages: int,
@@ -126,22 +151,14 @@ def test_loss_and_gradients_match_one_process(
         dp_group=groups.dp_group,
         checkpoint=checkpoint,
     )
-    x, y = make_batch(rows * replicas)
-    d = groups.layout.replica
-    xd, yd = x[d * rows : (d + 1) * rows], y[d * rows : (d + 1) * rows]
-    for _ in range(2):  # a second step reuses the tags and must give the same result
-        pipe.module.zero_grad()
-        loss = pipe.train_step(xd, yd, nn.functional.cross_entropy)
-    ref_loss, _ = reference_grads(xd, yd)
-    _, ref = reference_grads(x, y)  # replicas average to the whole batch's gradient
+    loss, ref_loss, ref = train_replica_slice(pipe, groups, rows, replicas)
     if pipe.is_last:
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
     else:
         assert loss is None
     got = stage_grads(pipe)
     assert set(got) == expected_names(pipe)
-    for k, g in got.items():
-        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+    assert_grads_close(got, ref)
 
 
 def make_nested_model(seed: int = 0) -> nn.Sequential:
@@ -374,12 +391,7 @@ def chunk_names(pipe: Pipeline) -> set[str]:
 @pytest.mark.parametrize(("stages", "replicas", "balance"), ZBV_CONFIGS)
 @pytest.mark.parametrize(
     ("rows", "micro_batches", "checkpoint"),
-    [
-        pytest.param(16, 4, False, id="16rows-m4"),
-        pytest.param(10, 4, False, id="10rows-m4-uneven"),
-        pytest.param(12, 3, True, id="12rows-m3-recompute"),
-        pytest.param(24, 8, False, id="24rows-m8"),
-    ],
+    [*ROW_CASES, pytest.param(24, 8, False, id="24rows-m8")],
 )
 def test_zbv_loss_and_gradients_match_one_process(
     stages: int, replicas: int, balance: tuple[int, ...], rows: int, micro_batches: int,
@@ -392,14 +404,7 @@ def test_zbv_loss_and_gradients_match_one_process(
     r = pipe.stage
     assert pipe.chunks == sorted({r, 2 * stages - 1 - r})
     assert pipe.is_first is (r == 0) and pipe.is_last is (r == 0)  # rank 0: chunks 0 and 2P-1
-    x, y = make_batch(rows * replicas)
-    d = groups.layout.replica
-    xd, yd = x[d * rows : (d + 1) * rows], y[d * rows : (d + 1) * rows]
-    for _ in range(2):  # a second step reuses the tags and must give the same result
-        pipe.module.zero_grad()
-        loss = pipe.train_step(xd, yd, nn.functional.cross_entropy)
-    ref_loss, _ = reference_grads(xd, yd)
-    _, ref = reference_grads(x, y)
+    loss, ref_loss, ref = train_replica_slice(pipe, groups, rows, replicas)
     if r == 0:
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
     else:
@@ -407,8 +412,7 @@ def test_zbv_loss_and_gradients_match_one_process(
     got = chunk_grads(pipe)
     assert set(got) == chunk_names(pipe)
     assert len(list(pipe.parameters())) == len(got)  # both chunks' parameters
-    for k, g in got.items():
-        torch.testing.assert_close(g, ref[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+    assert_grads_close(got, ref)
 
 
 @pytest.mark.parametrize(
