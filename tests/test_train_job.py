@@ -223,25 +223,31 @@ def test_fresh_run_refuses_to_overwrite_a_previous_one(uninterrupted: Path, cach
     assert "already holds a run" in proc.stderr
 
 
-def test_pipeline_stages_train_through_the_job(cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])
+def test_pipeline_stages_train_through_the_job(cache: Path, tmp_path: Path, schedule: str) -> None:
     # P=2 stages of the 'large' model on 2 ranks (D=1): the loss falls, accuracy beats chance,
-    # and the losses are those of the same model trained in one process (same batches).
+    # and the losses are those of the same model trained in one process (same batches). zbv
+    # cuts it into 4 chunks, two per rank in a V: rank 0 holds the last one and the loss.
     argv = [
         "--samples", "2000", "--batch-size", "32", "--model", "large", "--epochs", "2",
         "--max-steps", "60", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "4",
         "--cache-dir", str(cache), "--progress", "false", "--eval-every", "0",
     ]  # fmt: skip
     pipe, one = tmp_path / "pipe", tmp_path / "one"
-    proc, _ = _launch([*argv, "--pipeline-stages", "2", "--run-dir", str(pipe)], timeout=180)
+    pipeline = ["--pipeline-stages", "2", "--schedule", schedule, "--run-dir", str(pipe)]
+    proc, _ = _launch([*argv, *pipeline], timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "2 pipeline stages x 1 replica(s)" in out, out
+    assert "2 pipeline stages x 1 replica(s)" in out and f"({schedule})" in out, out
     summary = json.loads((pipe / "summary.json").read_text())
-    assert summary["pipeline_stages"] == 2 and len(summary["balance"]) == 2
+    chunks, loss_rank = (4, 0) if schedule == "zbv" else (2, 1)
+    assert summary["pipeline_stages"] == 2 and len(summary["balance"]) == chunks
     assert summary["final_loss"] < 0.9 * summary["first_loss"], summary
     assert summary["test_acc"] > 0.2, summary  # 10 classes: chance is 0.1
-    last = [m for m in read_metrics(pipe / "metrics" / "rank1.jsonl") if m["kind"] == "step"]
-    assert len(last) == 60
+    steps = {r: [m for m in read_metrics(pipe / "metrics" / f"rank{r}.jsonl")
+                 if m["kind"] == "step"] for r in (0, 1)}  # fmt: skip
+    last = steps[loss_rank]
+    assert len(last) == 60 and all(m["loss"] is None for m in steps[1 - loss_rank])
     proc, _ = _launch([*argv, "--run-dir", str(one)], np=1, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ref = [m["loss"] for m in read_metrics(one / "metrics" / "rank0.jsonl") if m["kind"] == "step"]

@@ -186,8 +186,9 @@ class TrainConfig:
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
     schedule: str = _f(
         "1f1b",
-        "pipeline schedule (zbv, two model chunks per stage, is in the Pipeline API only: jobs "
-        "refuse it)",
+        "pipeline schedule: 1f1b, gpipe, zb (ZB-H1: 1F1B with split backwards filling the "
+        "bubble) or zbv (ZB-V: the model in 2P chunks, two per stage in a V; the fastest on "
+        "bench_pipeline's model; the loss is on stage 0)",
         choices=("1f1b", "gpipe", "zb", "zbv"),
     )
     # Reliability and output

@@ -20,6 +20,7 @@ from hethpc import comm
 from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset, to_inputs, to_targets
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
+from hethpc.pipeline.schedule import chunks_per_stage
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
@@ -41,7 +42,7 @@ def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
     Raises:
         ConfigError: ``--pipeline-stages`` does not divide the world size, the global batch
             does not split into replicas and micro-batches, or a setting is unsupported
-            (``--schedule zbv`` among them).
+            (SSP, injection, an outer optimizer, speed-sized inner steps).
     """
     p = cfg.pipeline_stages
     if world_size % p:
@@ -55,18 +56,30 @@ def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
             f"--batch-size {cfg.batch_size} must give each of the {d} replica(s) at least "
             f"--micro-batches {cfg.micro_batches} rows"
         )
-    if cfg.schedule == "zbv":  # its stages hold two chunks; the job's engine holds one
-        raise ConfigError(
-            f"--schedule zbv with --pipeline-stages {p}: the training job runs one model chunk "
-            "per stage and does not support zbv's two; use --schedule zb in jobs (zbv is "
-            'available in the Pipeline API: Pipeline(..., schedule="zbv"))',
-            key="schedule",
-        )
     wrong = [need for key, ok, need in _PIPELINE_UNSUPPORTED if getattr(cfg, key) not in ok]
     if wrong:
         raise ConfigError(
             f"--pipeline-stages {p} supports only: {', '.join(wrong)} (not wired in yet)"
         )
+
+
+def model_chunks(cfg: TrainConfig, layers: int, stages: int) -> int:
+    """How many chunks ``cfg.schedule`` cuts a model of ``layers`` layers into on ``stages``
+    stages: one per stage, or two in a V (zbv), in chunk order.
+
+    Raises:
+        ConfigError: zbv's 2P chunks need more layers than the model has (a model with fewer
+            layers than stages is refused by the balance, for every schedule).
+    """
+    chunks = chunks_per_stage(cfg.schedule) * stages
+    if chunks > layers >= stages:
+        raise ConfigError(
+            f"--schedule {cfg.schedule} cuts the model into two chunks per stage, {chunks} "
+            f"for --pipeline-stages {stages}, but model {cfg.model} has {layers} layers; use "
+            f"--schedule zb (one chunk per stage) or a model with at least {chunks} layers",
+            key="schedule",
+        )
+    return chunks
 
 
 class DataParallel:
@@ -152,7 +165,8 @@ class PipelineStage:
             )
         groups = make_pipeline_groups(cfg.pipeline_stages)
         lay = self.layout = groups.layout
-        self.balance = partition_by_params(model, lay.stages)
+        chunks = model_chunks(cfg, len(model), lay.stages)
+        self.balance = partition_by_params(model, chunks)
         self.pipe = Pipeline(
             model,
             balance=self.balance,
@@ -169,7 +183,8 @@ class PipelineStage:
         self.replica, self.replicas = lay.replica, lay.replicas
         self.replica_leaders = [d * lay.stages for d in range(lay.replicas)]
         self.computes_loss = self.pipe.is_last
-        self.loss_rank = lay.stages - 1  # the last stage of replica 0
+        # the world rank of replica 0's last chunk: its last stage, or in a V its first
+        self.loss_rank = self.pipe.placement[-1]
         self.collective_eval = True
         self.saves_own_state = True  # each rank holds a different stage
         self.min_batch = cfg.micro_batches  # a replica's batch splits into m micro-batches
@@ -188,7 +203,8 @@ class PipelineStage:
         lay = self.layout
         return (
             f"{comm.size()} ranks = {lay.stages} pipeline stages x {lay.replicas} replica(s), "
-            f"layers per stage {list(self.balance)}, {self.pipe.micro_batches} micro-batches "
+            f"layers per {'chunk' if len(self.balance) > lay.stages else 'stage'} "
+            f"{list(self.balance)}, {self.pipe.micro_batches} micro-batches "
             f"({self.pipe.schedule}), on {describe_device(self.device)}"
         )
 
