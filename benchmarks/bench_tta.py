@@ -14,8 +14,11 @@ with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same mo
 - ``selsync``: SelSync, uniform batches;
 - ``selsync_dynamic``: SelSync with dynamic batching;
 - on skewed data only: ``selsync_published``, SelSync as published (the votes alone decide, no
-  drift correction: ``max_local_steps=0``, ``drift_correction=off``; hethpc's defaults there
-  bound the local steps to 3 in a row and correct the drift), and ``selsync_dynamic_inject``,
+  drift correction, each replica keeps its own momentum: ``max_local_steps=0``,
+  ``drift_correction=off``, ``average_optimizer_state=off``; hethpc's defaults there bound the
+  local steps to 3 in a row, correct the drift and average the momentum with the parameters),
+  ``selsync_dynamic_own_momentum``, ``selsync_dynamic`` with each replica keeping its own
+  momentum (hethpc's rule before 2026-12-04), and ``selsync_dynamic_inject``,
   ``selsync_dynamic`` with data injection (alpha 0.5, beta 0.25);
 - ``fedavg``: parameter averaging every 10 steps; ``local``: no synchronisation until the end;
 - ``diloco``: parameter averaging every 25 steps with the outer Nesterov step (DiLoCo: outer lr
@@ -62,14 +65,14 @@ SCENARIOS: dict[str, dict[str, str]] = {
 METHODS = (
     "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "selsync_outer",
     "diloco_speed", "ssp_s2", "ssp_s8", "selsync_dynamic_outer", "selsync_published",
-    "selsync_dynamic_inject",
+    "selsync_dynamic_inject", "selsync_dynamic_own_momentum",
 )  # fmt: skip
 # The default run (about 30 minutes): the rest by --methods (SSP alone takes 12 minutes).
 DEFAULT_METHODS = (
     "bsp", "dynamic", "selsync", "selsync_dynamic", "fedavg", "local", "diloco", "diloco_speed",
-    "selsync_published", "selsync_dynamic_inject",
+    "selsync_published", "selsync_dynamic_inject", "selsync_dynamic_own_momentum",
 )  # fmt: skip
-SKEW_ONLY = ("selsync_published", "selsync_dynamic_inject")
+SKEW_ONLY = ("selsync_published", "selsync_dynamic_inject", "selsync_dynamic_own_momentum")
 DILOCO_PERIOD = 25
 
 
@@ -121,7 +124,9 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     if method == "selsync_dynamic_inject":
         kw.update(inject_alpha=0.5, inject_beta=0.25)
     if method == "selsync_published":
-        kw.update(max_local_steps=0, drift_correction="off")
+        kw.update(max_local_steps=0, drift_correction="off", average_optimizer_state="off")
+    if method == "selsync_dynamic_own_momentum":
+        kw.update(average_optimizer_state="off")
     for item in args.set:
         key, _, value = item.partition("=")
         kw[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value

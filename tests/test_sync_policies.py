@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError, SyncPolicy, make_policy
+from hethpc.sync.averaging import optimizer_state_tensors
 
 
 def _model() -> nn.Module:
@@ -239,3 +241,29 @@ def test_load_state_dict_refuses_another_policy() -> None:
 def test_load_state_dict_refuses_another_bound() -> None:
     with pytest.raises(ValueError, match="saved with max_local_steps=5"):
         SelSync().load_state_dict(SelSync(max_local_steps=5).state_dict())
+
+
+def test_optimizer_state_tensors_are_the_per_parameter_moments() -> None:
+    model = nn.Linear(3, 2)
+    params = list(model.parameters())
+    for opt, keys in (
+        (torch.optim.SGD(params, lr=0.1, momentum=0.9), ["momentum_buffer"]),
+        (torch.optim.Adam(params, lr=0.1), ["exp_avg", "exp_avg_sq"]),  # not its step
+    ):
+        assert optimizer_state_tensors(opt, params) == []  # no state before the first step
+        model(torch.ones(4, 3)).sum().backward()
+        opt.step()
+        got = optimizer_state_tensors(opt, params)
+        want = [opt.state[p][k] for p in params for k in keys]
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True))
+    assert optimizer_state_tensors(torch.optim.SGD(params, lr=0.1), params) == []
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: BSP(optimizer_state=True), lambda: SelSync(aggregation="grads", optimizer_state=True)],
+    ids=["bsp", "selsync-grads"],
+)
+def test_optimizer_state_averaging_needs_parameter_averages(make: Any) -> None:
+    with pytest.raises(ValueError, match="averaging the optimizer state"):
+        make()

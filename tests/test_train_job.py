@@ -398,7 +398,9 @@ def test_speed_sized_local_steps_give_the_fast_rank_more(cache: Path, tmp_path: 
 def test_drift_corrected_selsync_on_skewed_labels_resumes_bit_identical(
     cache: Path, tmp_path: Path
 ) -> None:
-    """Label skew turns drift correction on (auto); its corrections are in the checkpoint."""
+    """Label skew turns drift correction and the momentum's averaging on (auto); the
+    corrections are in the checkpoint, the momentum's average settled in it, and every rank
+    ends where the uninterrupted run did, momentum included."""
     skew = ("--partition", "labels", "--labels-per-rank", "5", "--sync", "selsync")
     whole, run = tmp_path / "whole", tmp_path / "killed"
     proc, _ = _launch(_args(cache, whole, *skew))
@@ -415,6 +417,12 @@ def test_drift_corrected_selsync_on_skewed_labels_resumes_bit_identical(
             assert torch.equal(a, b), r
         for k, v in w["model"].items():  # every rank's replica
             assert torch.equal(v, g["model"][k]), (r, k)
+        for i, s in w["optimizer"]["state"].items():
+            assert torch.equal(s["momentum_buffer"], g["optimizer"]["state"][i]["momentum_buffer"])
+    # the replicas' momenta: averaged at the last sync, then one local step on each rank's labels
+    mom = [w["optimizer"]["state"][0]["momentum_buffer"] for w in want["ranks"]]
+    assert not torch.equal(mom[0], mom[1])
+    assert json.loads((whole / "config.json").read_text())["average_optimizer_state"] == "auto"
 
 
 def test_unequal_batches_on_skewed_labels_are_rebalanced(cache: Path, tmp_path: Path) -> None:

@@ -48,8 +48,33 @@ def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def optimizer_state_tensors(
+    optimizer: torch.optim.Optimizer, parameters: Iterable[torch.nn.Parameter]
+) -> list[torch.Tensor]:
+    """The optimizer's per-parameter floating-point state, parameter by parameter in the order
+    given, each parameter's entries by name: SGD's ``momentum_buffer``, Adam's ``exp_avg`` and
+    ``exp_avg_sq``. Entries that are not tensors of the parameter's shape (Adam's ``step``)
+    are left out, as are parameters without state (not stepped yet)."""
+    out = []
+    for p in parameters:
+        state = optimizer.state.get(p, {})
+        for key in sorted(state):
+            v = state[key]
+            if (
+                key != "step"
+                and isinstance(v, torch.Tensor)
+                and v.is_floating_point()
+                and v.shape == p.shape
+            ):
+                out.append(v)
+    return out
+
+
 def average_model_(
-    model: torch.nn.Module, *, weight: float | None = None, group: Group | None = None
+    model: torch.nn.Module,
+    *,
+    weight: float | None = None,
+    group: Group | None = None,
 ) -> int:
     """Average parameters and buffers across ranks, in place: one fused allreduce.
 

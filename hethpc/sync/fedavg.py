@@ -39,5 +39,5 @@ class FedAvg(SyncPolicy):
         optimizer.step()
         if (self.steps + 1) % self.period != 0:
             return Outcome(synced=False)
-        seconds, nbytes = self._average_model(model, weight)
+        seconds, nbytes = self._average_model(model, weight, optimizer)
         return Outcome(synced=True, sync_s=seconds, bytes=nbytes, model_averaged=True)

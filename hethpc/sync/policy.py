@@ -17,12 +17,13 @@ import torch
 from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree, agree_step
-from hethpc.sync.averaging import average_model_, gradient_bytes
+from hethpc.sync.averaging import average_model_, gradient_bytes, optimizer_state_tensors
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.records import SyncRecord, SyncSummary
 from hethpc.sync.significance import NormKind, gradient_norm
+from hethpc.sync.state_average import StateAverage
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ class SyncPolicy(abc.ABC):
             adds, per step, how much less than the average it moved in the last round (for
             label-skewed data); None (default): none. Only for policies that average
             parameters.
+        optimizer_state: average the optimizer's per-parameter state (SGD's momentum, Adam's
+            moments) at every parameter average, so that the replicas also share the momentum
+            that each built on its own data (label-skewed replicas otherwise keep pulling
+            toward their own labels); twice the bytes with SGD momentum, three times with Adam.
+            The state's allreduce runs while the next step computes and completes before its
+            ``optimizer.step()`` (:mod:`~hethpc.sync.state_average`); :meth:`settle` completes
+            it earlier. Only for policies that average parameters.
     """
 
     name: ClassVar[str] = ""
@@ -78,8 +86,14 @@ class SyncPolicy(abc.ABC):
         check_weights: bool = True,
         outer: OuterOptimizer | None = None,
         drift: DriftCorrection | None = None,
+        optimizer_state: bool = False,
     ) -> None:
-        for what, given in (("an outer optimizer", outer), ("drift correction", drift)):
+        optional = (
+            ("an outer optimizer", outer),
+            ("drift correction", drift),
+            ("averaging the optimizer state", optimizer_state or None),
+        )
+        for what, given in optional:
             if given is not None and not self.averages_models:
                 raise ValueError(
                     f"{what} needs a policy that averages parameters (fedavg, local, "
@@ -87,6 +101,8 @@ class SyncPolicy(abc.ABC):
                 )
         self.outer = outer
         self.drift = drift
+        self.optimizer_state = bool(optimizer_state)
+        self._state_average = StateAverage() if optimizer_state else None
         self.group = group
         self.keep_records = keep_records
         self.check_weights = check_weights
@@ -165,6 +181,7 @@ class SyncPolicy(abc.ABC):
             self._round_n += 1
         if self.drift is not None:
             self.drift.apply([p.data for p in model.parameters()])
+        self.settle()  # the last average's optimizer state, before this step's update
         out = self._step(model, optimizer, norm=norm, weight=weight)
         if out.model_averaged:
             self._diverged = False
@@ -230,12 +247,22 @@ class SyncPolicy(abc.ABC):
             return weight
         return self._round_sum / self._round_n
 
-    def _average_params(self, model: torch.nn.Module, weight: float | None) -> int:
-        """One fused model average, weighted by the samples each rank processed since the last
-        one, then the outer step if there is one; returns bytes."""
+    def _average_params(
+        self,
+        model: torch.nn.Module,
+        weight: float | None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> int:
+        """One fused model average (with ``optimizer``'s state when :attr:`optimizer_state`),
+        weighted by the samples each rank processed since the last one, then the outer step
+        if there is one; returns bytes."""
         if self.drift is not None:
             self.drift.begin(p.data for p in model.parameters())
-        nbytes = average_model_(model, weight=self._round_weight(weight), group=self.group)
+        w = self._round_weight(weight)
+        nbytes = average_model_(model, weight=w, group=self.group)
+        if self._state_average is not None and optimizer is not None:
+            state = optimizer_state_tensors(optimizer, model.parameters())
+            nbytes += self._state_average.start(state, w, self.group)
         self._round_sum, self._round_n = 0.0, 0
         if self.drift is not None:
             self.drift.end([p.data for p in model.parameters()])
@@ -243,11 +270,16 @@ class SyncPolicy(abc.ABC):
             self.outer.apply(model)
         return nbytes
 
-    def _average_model(self, model: torch.nn.Module, weight: float | None) -> tuple[float, int]:
+    def _average_model(
+        self,
+        model: torch.nn.Module,
+        weight: float | None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> tuple[float, int]:
         """Check weights, then :meth:`_average_params`; returns ``(seconds, bytes)``."""
         t0 = time.perf_counter()
         self._agree_unanimous(weight)
-        nbytes = self._average_params(model, weight)
+        nbytes = self._average_params(model, weight, optimizer)
         return time.perf_counter() - t0, nbytes
 
     def finish(self, model: torch.nn.Module) -> bool:
@@ -260,6 +292,7 @@ class SyncPolicy(abc.ABC):
         Returns:
             Whether an average was taken.
         """
+        self.settle()
         if not self._diverged:
             return False
         seconds, nbytes = self._average_model(model, self._last_weight)
@@ -294,7 +327,16 @@ class SyncPolicy(abc.ABC):
 
     def close(self) -> None:
         """Release what the policy holds across ranks (collective where it holds anything)."""
-        return None
+        self.settle()
+
+    def settle(self) -> None:
+        """Complete the communication still in flight: the optimizer state's average started
+        at the last parameter average (``optimizer_state``), written into the optimizer's
+        state. :meth:`step`, :meth:`finish`, :meth:`state_dict` and :meth:`close` call it;
+        call it yourself before reading the optimizer's state between steps. Every rank must
+        call it at the same point."""
+        if self._state_average is not None:
+            self._state_average.settle()
 
     def summary_fields(self) -> dict[str, Any]:
         """Figures of this policy beyond :meth:`summary` (none for most)."""
@@ -315,7 +357,9 @@ class SyncPolicy(abc.ABC):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters and decision state (not the records), so a resumed run goes on identically."""
+        """Counters and decision state (not the records), so a resumed run goes on identically.
+        Settles the optimizer state's average first (see :meth:`settle`)."""
+        self.settle()
         return {
             "policy": self.name,
             "step": self._step_count,

@@ -57,6 +57,8 @@ class SelSync(SyncPolicy):
             average (significance-triggered DiLoCo); only with ``aggregation="params"``.
         drift: a :class:`~hethpc.sync.drift.DriftCorrection` for the local steps between
             parameter averages; only with ``aggregation="params"``.
+        optimizer_state: average the optimizer's state (momentum) with the parameters; only
+            with ``aggregation="params"`` (see :class:`~hethpc.sync.policy.SyncPolicy`).
 
     Raises:
         ValueError: a setting is out of range or unknown.
@@ -78,6 +80,7 @@ class SelSync(SyncPolicy):
         keep_records: bool = True,
         outer: OuterOptimizer | None = None,
         drift: DriftCorrection | None = None,
+        optimizer_state: bool = False,
     ) -> None:
         if aggregation not in AGGREGATIONS:
             raise ValueError(
@@ -93,13 +96,21 @@ class SelSync(SyncPolicy):
             raise ValueError(
                 f"max_local_steps must be None or an integer >= 0, got {max_local_steps!r}"
             )
-        for what, given in (("an outer optimizer", outer), ("drift correction", drift)):
+        optional = (
+            ("an outer optimizer", outer),
+            ("drift correction", drift),
+            ("averaging the optimizer state", optimizer_state or None),
+        )
+        for what, given in optional:
             if given is not None and aggregation != "params":
                 raise ValueError(
                     f"{what} works on averaged parameters: use aggregation 'params', "
                     f"not {aggregation!r}"
                 )
-        super().__init__(group=group, keep_records=keep_records, outer=outer, drift=drift)
+        super().__init__(
+            group=group, keep_records=keep_records, outer=outer, drift=drift,
+            optimizer_state=optimizer_state,
+        )  # fmt: skip
         self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
         self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
         self.forced_syncs = 0  # syncs that only the staleness bound asked for
@@ -152,7 +163,7 @@ class SelSync(SyncPolicy):
         averaged = synced and self.aggregation == "params"
         if averaged:
             t0 = time.perf_counter()
-            nbytes = self._average_params(model, weight)
+            nbytes = self._average_params(model, weight, optimizer)
             seconds += time.perf_counter() - t0
         return Outcome(
             synced=synced,

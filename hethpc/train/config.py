@@ -151,6 +151,15 @@ class TrainConfig:
         "extra communication). auto: on with --partition labels or dirichlet",
         choices=("auto", "on", "off"),
     )
+    average_optimizer_state: str = _f(
+        "auto",
+        "policies that average parameters (selsync, fedavg): average the optimizer's state "
+        "(SGD's momentum, Adam's moments) with them, in the same allreduce, so label-skewed "
+        "replicas stop carrying momentum toward their own labels past an average (twice the "
+        "bytes of a parameter average with SGD momentum). auto: on with --partition labels or "
+        "dirichlet",
+        choices=("auto", "on", "off"),
+    )
     drift_smoothing: float = _f(
         1.0, "drift correction: weight of the newest round in the average of rounds (0, 1]"
     )

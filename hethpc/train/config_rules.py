@@ -134,6 +134,17 @@ def validate(cfg: TrainConfig) -> None:
             "drift_correction auto",
             key="drift_correction",
         )
+    if cfg.average_optimizer_state == "on" and not (
+        cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
+    ):
+        raise ConfigError(
+            f"average_optimizer_state = 'on' averages the optimizer's state with the "
+            f"parameters, but sync {cfg.sync}"
+            + (" with aggregation grads" if cfg.sync == "selsync" else "")
+            + " averages no parameters during training; use sync selsync (aggregation params) "
+            "or fedavg, or average_optimizer_state auto",
+            key="average_optimizer_state",
+        )
     if cfg.rebalance == "on" and cfg.pipeline_stages > 1:
         raise ConfigError(
             "rebalance = 'on' moves samples between data-parallel ranks, which is not built "

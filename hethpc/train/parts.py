@@ -180,6 +180,16 @@ def drift_correction(cfg: TrainConfig) -> DriftCorrection | None:
     return DriftCorrection(cfg.drift_smoothing) if on and averages else None
 
 
+def averages_optimizer_state(cfg: TrainConfig) -> bool:
+    """Whether parameter averages take the optimizer's state along: ``average_optimizer_state``
+    with auto resolved (on for label-skewed partitions), for policies that average parameters
+    during training (selsync with aggregation params, fedavg)."""
+    averages = cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
+    skewed = cfg.partition in ("labels", "dirichlet")
+    mode = cfg.average_optimizer_state
+    return averages and (mode == "on" or (mode == "auto" and skewed))
+
+
 def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
     """The synchronisation policy among ``group``'s replicas (default: the world).
 
@@ -196,11 +206,13 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
             "selsync", threshold=cfg.threshold, window=cfg.sync_window,
             aggregation=cfg.aggregation, group=group, keep_records=False,
             max_local_steps=staleness_bound(cfg), outer=outer, drift=drift_correction(cfg),
+            optimizer_state=averages_optimizer_state(cfg),
         )  # fmt: skip
     if cfg.sync == "fedavg":
         return _make_sync_policy(
             "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer,
             drift=drift_correction(cfg), keep_records=False,
+            optimizer_state=averages_optimizer_state(cfg),
         )  # fmt: skip
     if cfg.sync == "bsp":
         return _make_sync_policy(
