@@ -12,6 +12,9 @@ from hethpc.sync.state_average import StateAverage
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.parts import averages_optimizer_state, make_policy
 
+# DiLoCo-like: ranks take local steps sized by their speed, different numbers between averages.
+SPEED = {"sync": "fedavg", "partition": "labels", "inner_steps": "speed", "batching": "dynamic"}
+
 
 @pytest.mark.parametrize(
     ("settings", "on"),
@@ -24,6 +27,8 @@ from hethpc.train.parts import averages_optimizer_state, make_policy
         ({"sync": "selsync", "partition": "labels", "aggregation": "grads"}, False),
         ({"sync": "selsync", "partition": "labels", "average_optimizer_state": "off"}, False),
         ({"sync": "fedavg", "partition": "iid", "average_optimizer_state": "on"}, True),
+        ({**SPEED, "average_optimizer_state": "auto"}, False),
+        ({**SPEED, "average_optimizer_state": "on"}, True),
     ],
 )
 def test_auto_is_on_for_label_skewed_partitions(settings: dict[str, str], on: bool) -> None:

@@ -157,7 +157,7 @@ class TrainConfig:
         "(SGD's momentum, Adam's moments) with them, in the same allreduce, so label-skewed "
         "replicas stop carrying momentum toward their own labels past an average (twice the "
         "bytes of a parameter average with SGD momentum). auto: on with --partition labels or "
-        "dirichlet",
+        "dirichlet, unless --inner-steps speed",
         choices=("auto", "on", "off"),
     )
     drift_smoothing: float = _f(

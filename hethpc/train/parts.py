@@ -182,12 +182,15 @@ def drift_correction(cfg: TrainConfig) -> DriftCorrection | None:
 
 def averages_optimizer_state(cfg: TrainConfig) -> bool:
     """Whether parameter averages take the optimizer's state along: ``average_optimizer_state``
-    with auto resolved (on for label-skewed partitions), for policies that average parameters
-    during training (selsync with aggregation params, fedavg)."""
+    with auto resolved, for policies that average parameters during training (selsync with
+    aggregation params, fedavg). Auto is on for label-skewed partitions, unless the ranks take
+    different numbers of local steps between averages (``inner_steps`` speed): averaging
+    momenta built over unequal rounds measured worse (``docs/sync.md``)."""
     averages = cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
     skewed = cfg.partition in ("labels", "dirichlet")
     mode = cfg.average_optimizer_state
-    return averages and (mode == "on" or (mode == "auto" and skewed))
+    auto = skewed and cfg.inner_steps == "fixed"
+    return averages and (mode == "on" or (mode == "auto" and auto))
 
 
 def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
