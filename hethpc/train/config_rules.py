@@ -23,6 +23,11 @@ _EXPECTED = {
 }
 
 
+
+def _sync_named(cfg: TrainConfig) -> str:
+    """The sync setting as an error message names it (with SelSync's aggregation)."""
+    return f"sync {cfg.sync}" + (" with aggregation grads" if cfg.sync == "selsync" else "")
+
 def check_type(name: str, value: Any, kind: str) -> Any:
     """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
 
@@ -127,22 +132,18 @@ def validate(cfg: TrainConfig) -> None:
         cfg.sync in ("bsp", "ssp") or (cfg.sync == "selsync" and cfg.aggregation == "grads")
     ):
         raise ConfigError(
-            f"drift_correction = 'on' corrects local steps between parameter averages, but "
-            f"sync {cfg.sync}"
-            + (" with aggregation grads" if cfg.sync == "selsync" else "")
-            + " has none; use sync selsync (aggregation params), fedavg or local, or "
-            "drift_correction auto",
+            "drift_correction = 'on' corrects local steps between parameter averages, but "
+            f"{_sync_named(cfg)} has none; use sync selsync (aggregation params), fedavg or "
+            "local, or drift_correction auto",
             key="drift_correction",
         )
     if cfg.average_optimizer_state == "on" and not (
         cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
     ):
         raise ConfigError(
-            f"average_optimizer_state = 'on' averages the optimizer's state with the "
-            f"parameters, but sync {cfg.sync}"
-            + (" with aggregation grads" if cfg.sync == "selsync" else "")
-            + " averages no parameters during training; use sync selsync (aggregation params) "
-            "or fedavg, or average_optimizer_state auto",
+            "average_optimizer_state = 'on' averages the optimizer's state with the "
+            f"parameters, but {_sync_named(cfg)} averages no parameters during training; use "
+            "sync selsync (aggregation params) or fedavg, or average_optimizer_state auto",
             key="average_optimizer_state",
         )
     if cfg.rebalance == "on" and cfg.pipeline_stages > 1:
