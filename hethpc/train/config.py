@@ -154,10 +154,10 @@ class TrainConfig:
     average_optimizer_state: str = _f(
         "auto",
         "policies that average parameters (selsync, fedavg): average the optimizer's state "
-        "(SGD's momentum, Adam's moments) with them, in the same allreduce, so label-skewed "
-        "replicas stop carrying momentum toward their own labels past an average (twice the "
-        "bytes of a parameter average with SGD momentum). auto: on with --partition labels or "
-        "dirichlet, unless --inner-steps speed",
+        "(SGD's momentum, Adam's moments) with them, so label-skewed replicas stop carrying "
+        "momentum toward their own labels past an average (twice the bytes of a parameter "
+        "average with SGD momentum; sent while the next step computes). auto: on with "
+        "--partition labels or dirichlet, unless --inner-steps speed",
         choices=("auto", "on", "off"),
     )
     drift_smoothing: float = _f(
