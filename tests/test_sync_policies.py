@@ -261,8 +261,12 @@ def test_optimizer_state_tensors_are_the_per_parameter_moments() -> None:
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: BSP(optimizer_state=True), lambda: SelSync(aggregation="grads", optimizer_state=True)],
-    ids=["bsp", "selsync-grads"],
+    [
+        lambda: BSP(optimizer_state=True),
+        lambda: SelSync(aggregation="grads", optimizer_state=True),
+        lambda: LocalOnly(optimizer_state=True),
+    ],
+    ids=["bsp", "selsync-grads", "local"],
 )
 def test_optimizer_state_averaging_needs_parameter_averages(make: Any) -> None:
     with pytest.raises(ValueError, match="averaging the optimizer state"):

@@ -16,6 +16,7 @@ class LocalOnly(SyncPolicy):
     """
 
     name = "local"
+    averages_while_training = False  # its one average is at finish(): no optimizer state
 
     def _step(
         self,

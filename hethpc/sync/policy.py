@@ -74,6 +74,8 @@ class SyncPolicy(abc.ABC):
 
     name: ClassVar[str] = ""
     averages_models: ClassVar[bool] = True  # whether its synchronisations average parameters
+    averages_while_training: ClassVar[bool] = True  # whether it averages parameters between
+    # steps (not only at finish()), where the optimizer's state can be averaged with them
     # Ranks step at their own pace: no collective between steps (the caller must not add one).
     asynchronous: ClassVar[bool] = False
     decides_by_norm: ClassVar[bool] = False  # whether _step reads the gradient norm
@@ -99,6 +101,11 @@ class SyncPolicy(abc.ABC):
                     f"{what} needs a policy that averages parameters (fedavg, local, "
                     f"selsync with aggregation 'params'), not {self.name!r}"
                 )
+        if optimizer_state and not self.averages_while_training:
+            raise ValueError(
+                "averaging the optimizer state needs a policy that averages parameters during "
+                f"training (fedavg, selsync with aggregation 'params'), not {self.name!r}"
+            )
         self.outer = outer
         self.drift = drift
         self.optimizer_state = bool(optimizer_state)
