@@ -71,10 +71,7 @@ def optimizer_state_tensors(
 
 
 def average_model_(
-    model: torch.nn.Module,
-    *,
-    weight: float | None = None,
-    group: Group | None = None,
+    model: torch.nn.Module, *, weight: float | None = None, group: Group | None = None
 ) -> int:
     """Average parameters and buffers across ranks, in place: one fused allreduce.
 

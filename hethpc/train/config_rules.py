@@ -23,10 +23,15 @@ _EXPECTED = {
 }
 
 
-
 def _sync_named(cfg: TrainConfig) -> str:
     """The sync setting as an error message names it (with SelSync's aggregation)."""
     return f"sync {cfg.sync}" + (" with aggregation grads" if cfg.sync == "selsync" else "")
+
+
+def averages_while_training(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s policy averages parameters between steps (selsync with aggregation
+    params, fedavg), where the optimizer's state can be averaged with them."""
+    return cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
 
 def check_type(name: str, value: Any, kind: str) -> Any:
     """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
@@ -137,9 +142,7 @@ def validate(cfg: TrainConfig) -> None:
             "local, or drift_correction auto",
             key="drift_correction",
         )
-    if cfg.average_optimizer_state == "on" and not (
-        cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
-    ):
+    if cfg.average_optimizer_state == "on" and not averages_while_training(cfg):
         raise ConfigError(
             "average_optimizer_state = 'on' averages the optimizer's state with the "
             f"parameters, but {_sync_named(cfg)} averages no parameters during training; use "

@@ -25,6 +25,7 @@ from hethpc.data import (
 from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
 from hethpc.train.config import TrainConfig
+from hethpc.train.config_rules import averages_while_training
 
 
 def labels_of(dataset: ArrayDataset | ShardedDataset) -> np.ndarray:
@@ -186,11 +187,10 @@ def averages_optimizer_state(cfg: TrainConfig) -> bool:
     aggregation params, fedavg). Auto is on for label-skewed partitions, unless the ranks take
     different numbers of local steps between averages (``inner_steps`` speed): averaging
     momenta built over unequal rounds measured worse (``docs/sync.md``)."""
-    averages = cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
     skewed = cfg.partition in ("labels", "dirichlet")
     mode = cfg.average_optimizer_state
     auto = skewed and cfg.inner_steps == "fixed"
-    return averages and (mode == "on" or (mode == "auto" and auto))
+    return averages_while_training(cfg) and (mode == "on" or (mode == "auto" and auto))
 
 
 def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
