@@ -43,7 +43,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from _launch import relaunch, under_mpi
+from _scratch import scratch
 from torch import nn
 
 from hethpc import comm
@@ -143,11 +143,6 @@ def job_steps(run_dir: str, epoch: int | None = None) -> list[float]:
             if epoch is None or r["epoch"] == epoch]  # fmt: skip
 
 
-def new_run_dir() -> str:
-    return comm.broadcast_object(tempfile.mkdtemp(prefix="hethpc-bench-") if comm.rank() == 0
-                                 else "")  # fmt: skip
-
-
 def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *, run_dir: str,
             epochs: int = 0, max_steps: int = 0, resume: bool = False) -> dict:  # fmt: skip
     """Train (or with ``resume``, continue) the job in ``run_dir``; its summary."""
@@ -203,6 +198,12 @@ def transports(model: nn.Module, reps: int) -> dict[str, float]:
 
 def worker(args: argparse.Namespace) -> None:
     comm.init()
+    with scratch("hethpc-bench-") as new_dir:
+        measure(args, new_dir)
+
+
+def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
+    """Every contender on both models, side by side; prints the figures and one JSON line."""
     torch.set_num_threads(1)
     rank = comm.rank()
     port = comm.broadcast_object(29500 + os.getpid() % 2000)
@@ -222,7 +223,7 @@ def worker(args: argparse.Namespace) -> None:
         "epoch each:")  # fmt: skip
     loops = {k: Loop(k, "cnn1d", train_set, args, args.batch_size) for k in PEERS}
     times: dict[str, list[float]] = {k: [] for k in (*PEERS, "job")}
-    job_dir = new_run_dir()
+    job_dir = new_dir("cnn1d")
     for e in range(args.epochs):
         for k, loop in loops.items():
             times[k].append(loop.run(e, range(loop.steps_per_epoch)))
@@ -260,7 +261,7 @@ def worker(args: argparse.Namespace) -> None:
             times[k].append(loop.run(0, steps_r) / args.steps)
         say(f"  round {r + 1}: " + "  ".join(f"{k} {1e3 * times[k][-1]:.1f} ms" for k in PEERS))
     say("  the job:")
-    run_dir = new_run_dir()
+    run_dir = new_dir("large")
     run_job(args, cache, "large", b, run_dir=run_dir, max_steps=args.rounds * args.steps)
     steps = job_steps(run_dir)[1:] if rank == 0 else []  # the first step builds buffers
     med = {k: statistics.median(v) for k, v in times.items()}

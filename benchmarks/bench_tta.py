@@ -45,12 +45,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from _launch import relaunch, under_mpi
+from _scratch import scratch
 
 from hethpc import comm
 from hethpc.train import TrainConfig, read_metrics, time_to_target, train
@@ -133,10 +134,15 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     return kw
 
 
-def run_one(method: str, scenario: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    """Train one method; its figures and accuracy curve (rank 0's view, equal on every rank)."""
-    tmp = tempfile.mkdtemp(prefix=f"tta-{method}-") if comm.rank() == 0 else ""
-    run_dir = Path(comm.broadcast_object(tmp)) / "run"
+def run_one(
+    method: str,
+    scenario: dict[str, str],
+    args: argparse.Namespace,
+    new_dir: Callable[[str], str],
+) -> dict[str, Any]:
+    """Train one method in ``new_dir(method)``; its figures and accuracy curve (rank 0's view,
+    equal on every rank)."""
+    run_dir = Path(new_dir(method))
     cfg = TrainConfig(**settings(method, scenario, args), run_dir=str(run_dir))
     comm.barrier()
     t0 = time.perf_counter()
@@ -257,27 +263,28 @@ def main(argv: list[str] | None = None) -> int:
     comm.abort_on_exception()
     comm.init()
     out: dict[str, Any] = {}
-    for name in names:
-        scen: dict[str, Any] = {**SCENARIOS[name], "methods": {}}
-        for m in methods:
-            if m in SKEW_ONLY and SCENARIOS[name]["data"] != "skew":
-                continue
-            scen["methods"][m] = run_one(m, SCENARIOS[name], args)
-            if comm.rank() == 0:
-                r = scen["methods"][m]
-                print(
-                    f"{name:16s} {m:16s} acc {100 * r['test_acc']:.2f} %  "
-                    f"train {r['train_s']:.1f} s  synced {r['sync_fraction']:.0%}",
-                    flush=True,
-                )
-        base = scen["methods"].get("bsp")
-        scen["target"] = base["test_acc"] - 0.005 if base else None
-        for r in scen["methods"].values():
-            t = time_to(r["curve"], scen["target"]) if scen["target"] is not None else None
-            bt = time_to(base["curve"], scen["target"]) if base else None
-            r["time_to_target_s"] = t
-            r["speedup"] = bt / t if t and bt else None
-        out[name] = scen
+    with scratch("hethpc-tta-") as new_dir:
+        for name in names:
+            scen: dict[str, Any] = {**SCENARIOS[name], "methods": {}}
+            for m in methods:
+                if m in SKEW_ONLY and SCENARIOS[name]["data"] != "skew":
+                    continue
+                scen["methods"][m] = run_one(m, SCENARIOS[name], args, new_dir)
+                if comm.rank() == 0:
+                    r = scen["methods"][m]
+                    print(
+                        f"{name:16s} {m:16s} acc {100 * r['test_acc']:.2f} %  "
+                        f"train {r['train_s']:.1f} s  synced {r['sync_fraction']:.0%}",
+                        flush=True,
+                    )
+            base = scen["methods"].get("bsp")
+            scen["target"] = base["test_acc"] - 0.005 if base else None
+            for r in scen["methods"].values():
+                t = time_to(r["curve"], scen["target"]) if scen["target"] is not None else None
+                bt = time_to(base["curve"], scen["target"]) if base else None
+                r["time_to_target_s"] = t
+                r["speedup"] = bt / t if t and bt else None
+            out[name] = scen
     if comm.rank() == 0:
         text = []
         for name, scen in out.items():

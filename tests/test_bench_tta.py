@@ -47,13 +47,18 @@ def test_every_method_of_a_scenario_has_its_settings() -> None:
 
 
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
-def test_quick_run_prints_one_json_object() -> None:
+def test_quick_run_prints_one_json_object(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_tta.py"), "--quick"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "300"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "300",
+             "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == [], f"bench_tta left temporary files behind: {left}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     demo = result["scenarios"]["demo"]
     assert set(demo["methods"]) == {"bsp", "selsync"}
