@@ -188,7 +188,13 @@ def check_build(gpus: int) -> dict[str, Any]:
 
 
 def check_train(np_: int, device: str, small: bool, timeout: float) -> dict[str, Any]:
-    run_dir = Path(tempfile.mkdtemp(prefix="hethpc-devcheck-")) / "run"
+    with tempfile.TemporaryDirectory(prefix="hethpc-devcheck-") as tmp:
+        return _check_train(Path(tmp) / "run", np_, device, small, timeout)
+
+
+def _check_train(
+    run_dir: Path, np_: int, device: str, small: bool, timeout: float
+) -> dict[str, Any]:
     steps, samples = (12, 2000) if small else (60, 8000)
     cmd = [MPIRUN, "-np", str(np_), sys.executable, str(ROOT / "jobs" / "train.py"),
            "--device", device, "--batching", "dynamic", "--batch-interval", "4",
