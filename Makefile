@@ -6,7 +6,7 @@ export HETHPC_MPIRUN_TIMEOUT ?= 900
 export OMP_NUM_THREADS ?= 1
 PYTEST_MPI := $(PY) -m mpi4py -m pytest -q --color=no -p no:cacheprovider tests/mpi
 
-.PHONY: setup demo test test-single test-mpi bench lint clean
+.PHONY: setup demo test test-single test-mpi bench lint docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -37,6 +37,11 @@ bench: setup
 lint: setup
 	$(PY) -m ruff check hethpc jobs data_tools benchmarks tests
 	$(PY) -m mypy
+
+## docs/settings.md, the reference of every setting, from hethpc/train/config.py.
+docs: setup
+	$(PY) -c "from hethpc.train.config_doc import settings_markdown as m; print(m(), end='')" \
+	    > docs/settings.md
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache *.egg-info

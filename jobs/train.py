@@ -6,7 +6,8 @@
 Settings come from the defaults, then the TOML file given with --config (keys named like the
 flags, with underscores), then the flags. Every rank checks that all ranks run the same
 settings before training. Rank 0 shows progress and prints a summary table; per-rank metrics
-go to <run-dir>/metrics/rank<k>.jsonl; plot them with jobs/report.py <run-dir>.
+go to <run-dir>/metrics/rank<k>.jsonl; plot them with jobs/report.py <run-dir>. Every setting,
+grouped as below, with its default and which may differ between ranks: docs/settings.md.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hethpc.train import (
     Fault,
     TrainConfig,
     config_fields,
+    config_sections,
     format_summary,
     load_toml,
     make_config,
@@ -120,19 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Fault.parse,
         help="testing only: make RANK kill itself/stall/raise/produce NaN (KIND) at STEP",
     )
-    groups: dict[str, Any] = {}
-    for f in config_fields():
-        flag = "--" + f.name.replace("_", "-")
-        text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
-        kw: dict[str, Any] = {"dest": f.name, "help": text}
-        if f.metadata["choices"]:
-            kw["choices"] = f.metadata["choices"]
-        if f.type in ("bool", bool):
-            kw.update(type=_bool, nargs="?", const=True, metavar="BOOL")
-        else:
-            kw["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
-        section = f.metadata.get("section", "training settings")
-        groups.setdefault(section, p.add_argument_group(section)).add_argument(flag, **kw)
+    for section, fields in config_sections():
+        group = p.add_argument_group(section)
+        for f in fields:
+            text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
+            kw: dict[str, Any] = {"dest": f.name, "help": text}
+            if f.metadata["choices"]:
+                kw["choices"] = f.metadata["choices"]
+            if f.type in ("bool", bool):
+                kw.update(type=_bool, nargs="?", const=True, metavar="BOOL")
+            else:
+                kw["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
+            group.add_argument("--" + f.name.replace("_", "-"), **kw)
     return p
 
 

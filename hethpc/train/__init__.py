@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from hethpc.train.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.config import ConfigError, TrainConfig, config_fields
+from hethpc.train.config import ConfigError, TrainConfig, config_fields, config_sections
 from hethpc.train.config_compare import check_same_config, resume_differences
+from hethpc.train.config_doc import settings_markdown
 from hethpc.train.config_sources import load_toml, make_config, toml_sources
 from hethpc.train.coordinator import Coordinator
 from hethpc.train.device import pick_device, this_device
@@ -44,6 +45,7 @@ __all__ = [
     "check_same_config",
     "check_same_model",
     "config_fields",
+    "config_sections",
     "accuracy",
     "evaluate",
     "fit",
@@ -56,6 +58,7 @@ __all__ = [
     "next_run_dir",
     "pick_device",
     "resume_differences",
+    "settings_markdown",
     "toml_sources",
     "local_nonfinite",
     "model_signature",

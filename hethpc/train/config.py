@@ -18,7 +18,7 @@ from typing import Any
 from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
 
-__all__ = ["ConfigError", "TrainConfig", "config_fields"]
+__all__ = ["ConfigError", "TrainConfig", "config_fields", "config_sections"]
 
 
 def _f(
@@ -293,6 +293,28 @@ class TrainConfig:
         return hashlib.sha256(blob).hexdigest()
 
 
+# The first field of each group of settings, in declaration order, and the group's title.
+SECTIONS = (
+    ("data", "data"),
+    ("model", "model and optimisation"),
+    ("sync", "synchronisation"),
+    ("batching", "batching"),
+    ("pipeline_stages", "pipeline"),
+    ("eval_every", "reliability and output"),
+)
+
+
 def config_fields() -> list[dataclasses.Field[Any]]:
     """The fields of :class:`TrainConfig`, in declaration order."""
     return list(dataclasses.fields(TrainConfig))
+
+
+def config_sections() -> list[tuple[str, list[dataclasses.Field[Any]]]]:
+    """The fields of :class:`TrainConfig` in their groups (data, model, ...), in order."""
+    starts = dict(SECTIONS)
+    out: list[tuple[str, list[dataclasses.Field[Any]]]] = []
+    for f in config_fields():
+        if f.name in starts:
+            out.append((starts[f.name], []))
+        out[-1][1].append(f)
+    return out
