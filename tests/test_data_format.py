@@ -197,3 +197,29 @@ def test_handles_reopen_after_fork(ds_path: Path) -> None:
 
 def _read_sum(ds: object, idx: np.ndarray) -> float:
     return float(ds.read(idx)[0].sum())  # type: ignore[attr-defined]
+
+
+EDITS = [
+    ("dtype", "blah", "dtype = 'blah': expected a numpy dtype name"),
+    ("label_dtype", "float32", "label_dtype = 'float32': expected an integer dtype"),
+    ("chunk_samples", -1, "chunk_samples = -1: expected an integer >= 1"),
+    ("num_classes", 0, "num_classes = 0: expected an integer >= 1"),
+    ("sample_shape", [0], r"sample_shape = \[0\]: expected positive sizes"),
+    ("compression", "zstd", "compression = 'zstd': expected null, 'gzip' or 'lzf'"),
+    ("num_bytes", -3, "num_bytes = -3: expected an integer >= 1"),
+    ("label_counts", ["a"] * 5, r"label_counts = \['a'.*expected a list of counts"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "match"), EDITS, ids=[e[0] for e in EDITS])
+def test_hand_edited_manifest_field_is_named(
+    ds_path: Path, field: str, value: Any, match: str
+) -> None:
+    # A value that parses but cannot describe a dataset: one DatasetError naming the field and
+    # the fix, not a numpy traceback from deep in the reader.
+    manifest = json.loads((ds_path / "manifest.json").read_text())
+    target = manifest["shards"][0] if field in ("num_bytes", "label_counts") else manifest
+    target[field] = value
+    (ds_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=f"{match}.*convert the dataset again"):
+        open_dataset(ds_path, verify=False)

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hethpc.data.errors import DatasetError
 
 FORMAT = "hethpc-shards"
@@ -110,7 +112,10 @@ class Manifest:
                 meta=dict(d.get("meta", {})),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{where} is missing or has a malformed field: {e!r}") from e
+            raise DatasetError(
+                f"{where} is missing or has a malformed field: {e!r}; convert the dataset again"
+            ) from e
+        _check_fields(m, where)
         if not m.shards:
             raise DatasetError(f"{where} lists no shards")
         names = [s.file for s in m.shards]
@@ -120,9 +125,47 @@ class Manifest:
             if len(s.label_counts) != m.num_classes or sum(s.label_counts) != s.num_samples:
                 raise DatasetError(
                     f"{where}: shard {s.file} has a label histogram that does not match its "
-                    f"{s.num_samples} samples and {m.num_classes} classes"
+                    f"{s.num_samples} samples and {m.num_classes} classes; restore the manifest "
+                    "or convert the dataset again"
                 )
         return m
+
+
+def _check_fields(m: Manifest, where: str) -> None:
+    """Refuse field values that parse but cannot describe a dataset (a hand-edited manifest)."""
+
+    def bad(field: str, value: object, expected: str) -> DatasetError:
+        return DatasetError(
+            f"{where}: {field} = {value!r}: expected {expected}; restore the manifest or "
+            "convert the dataset again"
+        )
+
+    for name in ("dtype", "label_dtype"):
+        value = getattr(m, name)
+        try:
+            dt = np.dtype(value)
+        except TypeError:
+            raise bad(name, value, "a numpy dtype name such as 'float32'") from None
+        if dt.kind not in "biufc":
+            raise bad(name, value, "a numeric numpy dtype name such as 'float32'")
+    if np.dtype(m.label_dtype).kind not in "iu":
+        raise bad("label_dtype", m.label_dtype, "an integer dtype name such as 'int64'")
+    if any(v < 1 for v in m.sample_shape):
+        raise bad("sample_shape", list(m.sample_shape), "positive sizes")
+    if m.num_classes < 1:
+        raise bad("num_classes", m.num_classes, "an integer >= 1")
+    if m.chunk_samples < 1:
+        raise bad("chunk_samples", m.chunk_samples, "an integer >= 1")
+    if m.compression not in (None, "gzip", "lzf"):
+        raise bad("compression", m.compression, "null, 'gzip' or 'lzf'")
+    for s in m.shards:
+        if not isinstance(s.num_samples, int) or s.num_samples < 0:
+            raise bad(f"shard {s.file!r} num_samples", s.num_samples, "an integer >= 0")
+        if not isinstance(s.num_bytes, int) or s.num_bytes < 1:
+            raise bad(f"shard {s.file!r} num_bytes", s.num_bytes, "an integer >= 1")
+        counts = s.label_counts
+        if not isinstance(counts, list) or not all(isinstance(c, int) and c >= 0 for c in counts):
+            raise bad(f"shard {s.file!r} label_counts", counts, "a list of counts >= 0")
 
 
 def shard_path(root: Path, file: str) -> Path:
