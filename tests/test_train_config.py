@@ -115,9 +115,11 @@ def test_toml_values_are_type_checked_naming_key_and_line(
         (["--watchdog-s", "60", "--watchdog-max-s", "30"], "ceiling must be at least the floor"),
         (["--b-min", "200"], "b_min = 200 is larger than batch_size = 128"),
         (["--labels-per-rank", "0"], "labels_per_rank must be at least 1"),
+        (["--samples", "5"], r"samples must be at least 10 .*got 5 \(set by --samples\)"),
     ],
     ids=["lr-nan", "lr-inf", "lr-zero", "momentum-nan", "momentum-one", "weight-decay-nan",
-         "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "labels-per-rank"],
+         "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "labels-per-rank",
+         "samples"],
 )  # fmt: skip
 def test_flags_are_range_checked_naming_the_flag(flags: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):

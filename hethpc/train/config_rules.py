@@ -68,7 +68,6 @@ def validate(cfg: TrainConfig) -> None:
         if choices and value not in choices:
             raise ConfigError(f"{f.name} = {value!r} is not one of {list(choices)}", key=f.name)
     positive = (
-        "samples",
         "epochs",
         "batch_size",
         "keep_checkpoints",
@@ -83,6 +82,12 @@ def validate(cfg: TrainConfig) -> None:
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}", key=name)
+    if cfg.samples < 10:
+        raise ConfigError(
+            f"samples must be at least 10 (MNIST-1D is split 80 % train, 20 % test), got "
+            f"{cfg.samples}",
+            key="samples",
+        )
     for name in ("lr", "dirichlet_alpha", "outer_lr"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}", key=name)
