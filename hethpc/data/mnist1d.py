@@ -6,8 +6,11 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from hethpc.data.errors import DatasetError
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,30 @@ class ArrayDataset:
 
     def __len__(self) -> int:
         return len(self.y)
+
+
+def _write_cache(path: Path, arrays: dict[str, Any]) -> None:
+    """Write the generated arrays to ``path`` under a temporary name, then rename it.
+
+    Concurrent ranks never see half a file.
+
+    Raises:
+        DatasetError: the cache directory cannot be created or written.
+    """
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise DatasetError(
+            f"cannot write the MNIST-1D cache in {path.parent} ({e.strerror or e}); set "
+            "cache_dir (--cache-dir, or HETHPC_CACHE) to a writable directory"
+        ) from None
 
 
 def load_mnist1d(
@@ -58,12 +85,7 @@ def load_mnist1d(
             "y_test": d["y_test"].astype(np.int64),
         }
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Write under a temporary name, then rename: concurrent ranks never see half a file.
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
+            _write_cache(path, arrays)
     return (
         ArrayDataset(arrays["x"], arrays["y"], 10),
         ArrayDataset(arrays["x_test"], arrays["y_test"], 10),
