@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,22 @@ class ArrayDataset:
 
     def __len__(self) -> int:
         return len(self.y)
+
+
+_KEYS = ("x", "y", "x_test", "y_test")
+
+
+def _read_cache(path: Path) -> dict[str, Any] | None:
+    """The cached arrays, or None when the file is damaged (truncated, not an ``.npz``).
+
+    A damaged cache is generated again and replaced, as a missing one is.
+    """
+    try:
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in _KEYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return arrays
 
 
 def _write_cache(path: Path, arrays: dict[str, Any]) -> None:
@@ -68,10 +85,8 @@ def load_mnist1d(
     if num_samples < 10:
         raise ValueError(f"num_samples must be at least 10, got {num_samples}")
     path = Path(cache_dir) / f"mnist1d-{num_samples}-{seed}.npz" if cache_dir else None
-    if path is not None and path.exists():
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-    else:
+    arrays = _read_cache(path) if path is not None and path.exists() else None
+    if arrays is None:
         from mnist1d.data import get_dataset_args, make_dataset
 
         args = get_dataset_args()
