@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,24 @@ def test_a_file_is_not_a_run_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(RunDirError, match="is a file"):
         claim(tmp_path / "f", digest="a", resume=False, overwrite=False)
+
+
+def test_a_directory_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    # Below a file (mkdir fails), or read-only for a user who is not root: one RunDirError
+    # naming the directory, not an OSError traceback.
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(RunDirError, match="run-dir .*file/run: cannot write into it"):
+        claim(tmp_path / "file" / "run", digest="x", resume=False, overwrite=False)
+    assert (tmp_path / "file").read_text() == "mine"
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        try:
+            with pytest.raises(RunDirError, match="cannot write into it.*Permission denied"):
+                claim(ro, digest="x", resume=False, overwrite=False)
+        finally:
+            ro.chmod(0o755)
 
 
 def test_next_run_dir_counts_up(tmp_path: Path) -> None:

@@ -71,16 +71,24 @@ def claim(path: str | os.PathLike[str], *, digest: str, resume: bool, overwrite:
             f"--run-dir {path} is not empty and was not made by hethpc (it has no {MARKER} "
             "file); hethpc never writes into such a directory. Choose a new or empty directory"
         )
-    if is_run_dir(path) and holds_run(path) and not resume:
-        if not overwrite:
-            raise RunDirError(
-                f"--run-dir {path} already holds a run; pass --resume to continue it or "
-                "--overwrite to replace it (files hethpc did not write are kept)"
-            )
-        clear_run(path)
-    path.mkdir(parents=True, exist_ok=True)
+    replace = is_run_dir(path) and holds_run(path) and not resume
+    if replace and not overwrite:
+        raise RunDirError(
+            f"--run-dir {path} already holds a run; pass --resume to continue it or "
+            "--overwrite to replace it (files hethpc did not write are kept)"
+        )
     marker = {"hethpc_run": 1, "config_digest": digest, "created": time.time()}
-    if resume and is_run_dir(path):
-        marker = {**json.loads((path / MARKER).read_text() or "{}"), "resumed": time.time()}
-    (path / MARKER).write_text(json.dumps(marker) + "\n")
+    try:
+        if replace:
+            clear_run(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if resume and is_run_dir(path):
+            marker = {**json.loads((path / MARKER).read_text() or "{}"), "resumed": time.time()}
+        (path / MARKER).write_text(json.dumps(marker) + "\n")
+    except OSError as e:
+        raise RunDirError(
+            f"--run-dir {path}: cannot write into it ({e.strerror or e}: "
+            f"{e.filename or path}); choose a directory this user can write, or fix its "
+            "permissions"
+        ) from None
     return path
