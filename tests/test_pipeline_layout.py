@@ -39,7 +39,9 @@ def test_groups_tile_the_world() -> None:
     [pytest.param(3, 4, id="not-a-divisor"), pytest.param(0, 4, id="zero")],
 )
 def test_pipeline_layout_errors(stages: int, world: int) -> None:
-    with pytest.raises(PipelineError, match="must be at least 1 and divide the world size"):
+    # Named as the API's keyword (build_pipeline(stages=...)): there is no --stages flag.
+    match = f"^stages = {stages} must be at least 1 and divide the world size"
+    with pytest.raises(PipelineError, match=match):
         pipeline_layout(stages, world, 0)
 
 

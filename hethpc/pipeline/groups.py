@@ -46,7 +46,7 @@ def pipeline_layout(stages: int, world_size: int, rank: int) -> Layout:
     """
     if stages < 1 or world_size % stages != 0:
         raise PipelineError(
-            f"--stages {stages} must be at least 1 and divide the world size {world_size} "
+            f"stages = {stages} must be at least 1 and divide the world size {world_size} "
             f"(world = stages x replicas); launch a multiple of {max(stages, 1)} ranks or "
             "change the number of stages"
         )
