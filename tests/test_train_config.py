@@ -21,8 +21,14 @@ def test_toml_sections_and_dashes_are_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("modle = 'mlp'\n", r"unknown setting\(s\) \['modle'\]"), ("model = \n", "cannot read")],
-    ids=["unknown-key", "bad-syntax"],
+    [
+        ("modle = 'mlp'\n", r"unknown setting\(s\) \['modle'\]"),
+        ("model = \n", "cannot read"),
+        # One setting in two tables (or spelt two ways) was silently the later one.
+        ("epochs = 2\n[data]\nepochs = 3\n", r"epochs is set twice \(epochs and \[data\] epochs\)"),
+        ("batch_size = 2\nbatch-size = 3\n", r"batch_size is set twice \(batch_size and batch-"),
+    ],
+    ids=["unknown-key", "bad-syntax", "two-tables", "dash-and-underscore"],
 )
 def test_bad_toml_is_refused_naming_the_file(tmp_path: Path, text: str, match: str) -> None:
     p = tmp_path / "bad.toml"

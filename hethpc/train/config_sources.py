@@ -50,10 +50,17 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from e
     flat: dict[str, Any] = {}
+    where: dict[str, str] = {}
     for key, value in raw.items():
         items = value.items() if isinstance(value, dict) else [(key, value)]
         for k, v in items:
-            flat[k.replace("-", "_")] = v
+            name = k.replace("-", "_")
+            place = f"[{key}] {k}" if isinstance(value, dict) else k
+            if name in flat:
+                raise ConfigError(
+                    f"{path}: {name} is set twice ({where[name]} and {place}); keep one"
+                )
+            flat[name], where[name] = v, place
     known = {f.name for f in config_fields()}
     unknown = sorted(set(flat) - known)
     if unknown:
