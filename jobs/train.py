@@ -17,10 +17,13 @@ import difflib
 import os
 import sys
 import time
-from typing import Any, NoReturn
+import warnings
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
 
 import torch
 
+import hethpc
 from hethpc import comm
 from hethpc.train import (
     ConfigError,
@@ -161,9 +164,30 @@ def parse_config(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespac
     return make_config(values, sources), args
 
 
+_PACKAGE = str(Path(hethpc.__file__).resolve().parent)
+_show_python_warning = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """hethpc's own warnings (a damaged checkpoint skipped, ...) as one plain line on stderr;
+    other libraries' as Python shows them (file, line and source)."""
+    if str(Path(filename).resolve()).startswith(_PACKAGE):
+        print(f"{PROG}: warning: {message}", file=file or sys.stderr, flush=True)
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The job; a user's mistake ends it with one message and exit code 2 (a bug: traceback)."""
     comm.abort_on_exception()
+    warnings.showwarning = _show_warning
     try:
         return run(argv)
     except UsageError as e:

@@ -78,6 +78,18 @@ def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path: Path, dama
     assert step == 1 and torch.equal(state["w"], _state(1)["w"])
 
 
+def test_a_skipped_checkpoint_is_set_aside_and_keeps_no_slot(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        m.save(_state(step), step)
+    _truncate(m.path(3))
+    with pytest.warns(CheckpointWarning, match="set aside as ckpt-000000003.pt.corrupt"):
+        assert m.load_latest()[0] == 2  # type: ignore[index]
+    assert (tmp_path / "ckpt-000000003.pt.corrupt").is_file() and m.steps() == [2]
+    m.save(_state(4), 4)  # the resumed run's next checkpoint: the valid 2 stays beside it
+    assert m.steps() == [2, 4]
+
+
 def test_all_damaged_raises_naming_the_files(tmp_path: Path) -> None:
     m = CheckpointManager(tmp_path)
     m.save(_state(1), 1)

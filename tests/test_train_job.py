@@ -270,6 +270,25 @@ def test_pipeline_settings_are_refused(
     assert proc.returncode != 0 and match in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
+def test_a_damaged_newest_checkpoint_is_skipped_with_one_line_and_set_aside(
+    uninterrupted: Path, cache: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "damaged"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hethpc-run").write_bytes((uninterrupted / ".hethpc-run").read_bytes())
+    for p in (uninterrupted / "checkpoints").glob("ckpt-*.pt*"):
+        (run / "checkpoints" / p.name).write_bytes(p.read_bytes())
+    newest = run / "checkpoints" / "ckpt-000000050.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    proc, _ = _launch([sys.executable, str(JOB), *_args(cache, run, "--resume")], np=0)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "jobs/train.py: warning: skipping checkpoint" in proc.stderr, proc.stderr
+    assert "CheckpointWarning" not in proc.stderr and "warnings.warn" not in proc.stderr
+    assert "resumed from step 40" in proc.stdout
+    assert (run / "checkpoints" / "ckpt-000000050.pt.corrupt").is_file()
+    assert CheckpointManager(run / "checkpoints").steps() == [30, 40, 50]
+
+
 def test_resume_refuses_changed_settings_unless_allowed(uninterrupted: Path, cache: Path) -> None:
     job = [sys.executable, str(JOB), *_args(cache, uninterrupted, "--resume")]
     for extra, named in ((["--lr", "0.5"], "lr: 0.05 -> 0.5"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -152,26 +153,46 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: cannot be loaded safely: {e}") from e
         return decode(state)
 
+    def _set_aside(self, step: int) -> None:
+        """Rename a checkpoint that failed to verify (and its sidecar) to ``*.corrupt``."""
+        path = self.path(step)
+        for p in (path, path.with_name(path.name + ".sha256")):
+            with contextlib.suppress(OSError):  # missing, or a read-only directory: left as is
+                p.rename(p.with_name(p.name + ".corrupt"))
+        warnings.warn(
+            f"{path.name} set aside as {path.name}.corrupt (resuming from an older checkpoint)",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint that verifies, as ``(step, state)``; None if there is none.
 
-        Corrupt or incomplete checkpoints are skipped with a :class:`CheckpointWarning`.
+        Corrupt or incomplete checkpoints are skipped with a :class:`CheckpointWarning`; when
+        an older one verifies, the skipped ones are renamed ``*.corrupt`` (kept for a look,
+        no longer counted by ``keep``, so they cannot push a valid checkpoint out).
 
         Raises:
             CheckpointError: checkpoint files exist but none of them verifies.
         """
         steps = self.steps()
-        errors = []
+        errors: list[str] = []
+        skipped: list[int] = []
         for step in reversed(steps):
             try:
-                return step, self.read(step)
+                state = self.read(step)
             except CheckpointError as e:
                 errors.append(str(e))
+                skipped.append(step)
                 warnings.warn(
                     f"skipping checkpoint: {e}; trying the previous one",
                     CheckpointWarning,
                     stacklevel=2,
                 )
+                continue
+            for bad in skipped:
+                self._set_aside(bad)
+            return step, state
         if steps:
             raise CheckpointError(
                 f"no valid checkpoint in {self.directory}: "
