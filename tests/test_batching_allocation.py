@@ -10,6 +10,7 @@ import pytest
 from hethpc.batching import (
     AllocationError,
     allocate,
+    default_min_batch,
     exceeds_deadband,
     max_relative_change,
     uniform_sizes,
@@ -152,3 +153,13 @@ def test_deadband_zero_adopts_any_change() -> None:
 def test_deadband_errors(old: list[int], new: list[int], band: float, match: str) -> None:
     with pytest.raises(AllocationError, match=match):
         exceeds_deadband(old, new, band)
+
+
+@pytest.mark.parametrize(
+    ("B", "n", "expected"),
+    [(128, 2, 16), (128, 1, 32), (256, 8, 8), (10, 4, 1), (3, 3, 1)],
+    ids=["demo", "one-rank", "eight-ranks", "rounds-down", "at-least-one"],
+)
+def test_default_min_batch_is_a_quarter_of_the_uniform_share(B: int, n: int, expected: int) -> None:
+    assert default_min_batch(B, n) == expected
+    assert n * default_min_batch(B, n) <= B  # always leaves room to allocate

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hethpc.train import ConfigError, TrainConfig, load_toml, resume_differences
+from hethpc.train.parts import make_controller
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402
@@ -120,12 +121,13 @@ def test_toml_values_are_type_checked_naming_key_and_line(
         (["--watchdog-s", "inf"], "watchdog_s = inf"),
         (["--watchdog-s", "60", "--watchdog-max-s", "30"], "ceiling must be at least the floor"),
         (["--b-min", "200"], "b_min = 200 is larger than batch_size = 128"),
+        (["--b-min", "-1"], r"b_min must be at least 1, or 0 for auto, got -1"),
         (["--labels-per-rank", "0"], "labels_per_rank must be at least 1"),
         (["--samples", "5"], r"samples must be at least 10 .*got 5 \(set by --samples\)"),
     ],
     ids=["lr-nan", "lr-inf", "lr-zero", "momentum-nan", "momentum-one", "weight-decay-nan",
-         "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "labels-per-rank",
-         "samples"],
+         "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "b-min-negative",
+         "labels-per-rank", "samples"],
 )  # fmt: skip
 def test_flags_are_range_checked_naming_the_flag(flags: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -161,3 +163,18 @@ def test_a_setting_unknown_to_an_old_checkpoint_counts_only_off_its_default() ->
     old = {k: v for k, v in TrainConfig().to_dict().items() if k != "sync_window"}
     assert resume_differences(old, TrainConfig()) == []
     assert resume_differences(old, TrainConfig(sync_window=9)) == ["sync_window: 25 -> 9"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "floor"),
+    [
+        ({"batching": "dynamic"}, 32),
+        ({"batching": "dynamic", "b_min": 5}, 5),
+        ({"batching": "static", "weights": "1"}, 1),
+        ({"batching": "uniform"}, 1),
+    ],
+    ids=["dynamic-auto", "dynamic-explicit", "static-keeps-its-weights", "uniform"],
+)
+def test_the_controllers_smallest_batch(kw: dict, floor: int) -> None:
+    ctl = make_controller(TrainConfig(batch_size=128, **kw))  # one process: one replica
+    assert ctl.settings.b_min == floor

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hethpc.batching.allocation import (
     AllocationError,
     allocate,
+    default_min_batch,
     exceeds_deadband,
     max_relative_change,
     uniform_sizes,
@@ -41,6 +42,7 @@ __all__ = [
     "TimeEstimator",
     "WeightError",
     "allocate",
+    "default_min_batch",
     "decide",
     "exceeds_deadband",
     "ideal_sizes",

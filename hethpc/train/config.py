@@ -169,7 +169,12 @@ class TrainConfig:
     )
     weights: str = _f("", "static batching: per-rank weights, e.g. '1,2'")
     batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
-    b_min: int = _f(1, "dynamic batching: smallest batch of a rank")
+    b_min: int = _f(
+        0,
+        "dynamic batching: smallest batch of a rank; 0 (auto): a quarter of its uniform share "
+        "(batch_size / replicas / 4, at least 1), below which its step is mostly fixed cost "
+        "and its data, on label-skewed partitions its labels, lose their weight",
+    )
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
     link: str = _f(
         "",

@@ -74,7 +74,6 @@ def validate(cfg: TrainConfig) -> None:
         "sync_window",
         "fedavg_period",
         "batch_interval",
-        "b_min",
         "labels_per_rank",
         "pipeline_stages",
         "micro_batches",
@@ -198,6 +197,10 @@ def validate(cfg: TrainConfig) -> None:
             "sync ssp lets ranks step at their own pace, but data injection exchanges "
             "samples between ranks every step; use inject_alpha 0 with ssp",
             key="inject_alpha",
+        )
+    if cfg.b_min < 0:
+        raise ConfigError(
+            f"b_min must be at least 1, or 0 for auto, got {cfg.b_min}", key="b_min"
         )
     if cfg.b_min > cfg.batch_size:
         raise ConfigError(

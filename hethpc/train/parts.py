@@ -12,7 +12,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from hethpc.batching import BatchController, ControlSettings, SlowdownSchedule
+from hethpc import comm
+from hethpc.batching import (
+    BatchController,
+    ControlSettings,
+    SlowdownSchedule,
+    default_min_batch,
+)
 from hethpc.comm import Group
 from hethpc.data import (
     ArrayDataset,
@@ -142,11 +148,14 @@ def make_controller(
     ``b_min``: a floor above ``cfg.b_min`` (a pipeline replica needs a row per micro-batch).
     """
     weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
+    replicas = (comm.world() if group is None else group).size
+    auto = default_min_batch(cfg.batch_size, replicas) if cfg.batching == "dynamic" else 1
+    floor = cfg.b_min or auto  # explicit static weights are never overridden
     return BatchController(
         cfg.batch_size,
         mode=cfg.batching,
         weights=weights if cfg.batching != "uniform" else None,
-        settings=ControlSettings(interval=cfg.batch_interval, b_min=max(cfg.b_min, b_min or 1)),
+        settings=ControlSettings(interval=cfg.batch_interval, b_min=max(floor, b_min or 1)),
         slowdown=SlowdownSchedule.parse(cfg.slowdown) if cfg.slowdown else None,
         slowdown_mode=cfg.slowdown_mode,
         device=device,
