@@ -122,12 +122,16 @@ def test_toml_values_are_type_checked_naming_key_and_line(
         (["--watchdog-s", "60", "--watchdog-max-s", "30"], "ceiling must be at least the floor"),
         (["--b-min", "200"], "b_min = 200 is larger than batch_size = 128"),
         (["--b-min", "-1"], r"b_min must be at least 1, or 0 for auto, got -1"),
+        (["--weights", "1,x", "--batching", "static"], r"weights = '1,x': expected comma-sep"),
+        (["--weights", "1,-2", "--batching", "static"], r"weights = '1,-2': expected comma-sep"),
+        (["--weights", "1,2"], r"would be ignored with batching 'uniform'.*\(set by --weights\)"),
         (["--labels-per-rank", "0"], "labels_per_rank must be at least 1"),
         (["--samples", "5"], r"samples must be at least 10 .*got 5 \(set by --samples\)"),
     ],
     ids=["lr-nan", "lr-inf", "lr-zero", "momentum-nan", "momentum-one", "weight-decay-nan",
          "watchdog-nan", "watchdog-inf", "watchdog-ceiling", "b-min", "b-min-negative",
-         "labels-per-rank", "samples"],
+         "weights-not-numbers", "weights-negative", "weights-ignored", "labels-per-rank",
+         "samples"],
 )  # fmt: skip
 def test_flags_are_range_checked_naming_the_flag(flags: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -178,3 +182,9 @@ def test_a_setting_unknown_to_an_old_checkpoint_counts_only_off_its_default() ->
 def test_the_controllers_smallest_batch(kw: dict, floor: int) -> None:
     ctl = make_controller(TrainConfig(batch_size=128, **kw))  # one process: one replica
     assert ctl.settings.b_min == floor
+
+
+def test_weights_must_match_the_data_parallel_ranks() -> None:
+    cfg = TrainConfig(batch_size=128, batching="static", weights="1,2")
+    with pytest.raises(ConfigError, match=r"gives 2 weight\(s\), but 1 data-parallel rank"):
+        make_controller(cfg)  # one process: one rank

@@ -167,7 +167,11 @@ class TrainConfig:
     batching: str = _f(
         "uniform", "how the global batch is split", choices=("uniform", "static", "dynamic")
     )
-    weights: str = _f("", "static batching: per-rank weights, e.g. '1,2'")
+    weights: str = _f(
+        "",
+        "per-rank batch weights, one per data-parallel rank, e.g. '1,2': fixed with batching "
+        "static, the first split with dynamic",
+    )
     batch_interval: int = _f(10, "dynamic batching: steps between re-allocations")
     b_min: int = _f(
         0,

@@ -198,6 +198,8 @@ def validate(cfg: TrainConfig) -> None:
             "samples between ranks every step; use inject_alpha 0 with ssp",
             key="inject_alpha",
         )
+    if cfg.weights:
+        _check_weights(cfg)
     if cfg.b_min < 0:
         raise ConfigError(
             f"b_min must be at least 1, or 0 for auto, got {cfg.b_min}", key="b_min"
@@ -223,4 +225,27 @@ def validate(cfg: TrainConfig) -> None:
             f"resume_changes names unknown setting(s) {unknown}; use setting names such "
             "as 'lr,epochs'",
             key="resume_changes",
+        )
+
+
+def _check_weights(cfg: TrainConfig) -> None:
+    """``weights``: comma-separated finite positive numbers, and a batching mode that uses
+    them (static: fixed; dynamic: the first split). Their count is checked against the
+    data-parallel ranks when the job starts."""
+    try:
+        values = [float(v) for v in cfg.weights.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ConfigError(
+            f"weights = {cfg.weights!r}: expected comma-separated positive numbers, one per "
+            "data-parallel rank, e.g. '1,2'",
+            key="weights",
+        )
+    if cfg.batching == "uniform":
+        raise ConfigError(
+            f"weights = {cfg.weights!r} would be ignored with batching 'uniform' (equal "
+            "batches); use batching static (fixed weights) or dynamic (weights as the first "
+            "split), or drop weights",
+            key="weights",
         )

@@ -32,6 +32,7 @@ from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
 from hethpc.train.config import TrainConfig
 from hethpc.train.config_rules import averages_while_training
+from hethpc.train.errors import ConfigError
 
 
 def labels_of(dataset: ArrayDataset | ShardedDataset) -> np.ndarray:
@@ -149,6 +150,12 @@ def make_controller(
     """
     weights = [float(w) for w in cfg.weights.split(",")] if cfg.weights else None
     replicas = (comm.world() if group is None else group).size
+    if weights is not None and len(weights) != replicas:
+        raise ConfigError(
+            f"weights = {cfg.weights!r} gives {len(weights)} weight(s), but {replicas} "
+            "data-parallel rank(s) share the global batch; give one weight per rank",
+            key="weights",
+        )
     auto = default_min_batch(cfg.batch_size, replicas) if cfg.batching == "dynamic" else 1
     floor = cfg.b_min or auto  # explicit static weights are never overridden
     return BatchController(
