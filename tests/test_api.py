@@ -52,6 +52,26 @@ def test_fit_trains_a_regression_with_the_users_loss_and_metric(tmp_path: Path) 
     assert result.summary["test_mae"] < 0.15, result.summary
 
 
+def test_the_users_loss_and_metric_see_outputs_in_the_targets_shape(tmp_path: Path) -> None:
+    # The README's snippet: a one-output model, targets [n], nn.HuberLoss. Without reshaping,
+    # [n, 1] against [n] broadcasts to [n, n] and the model learns the targets' mean only.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5], np.float32)).astype(np.float32)
+    seen = []
+
+    def mae(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        seen.append(out.shape == target.shape)
+        return (out - target).abs().mean()
+
+    torch.manual_seed(0)
+    result = hethpc.fit(nn.Linear(3, 1), (x[:300], y[:300]), test_data=(x[300:], y[300:]),
+                        loss=nn.HuberLoss(), metric=mae, batch_size=20, epochs=5, lr=0.05,
+                        run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    assert seen and all(seen)
+    assert result.summary["test_mae"] < 0.2, result.summary
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
@@ -123,7 +143,7 @@ def test_model_specs_that_do_not_load_are_named(
 def test_losses_by_name_and_by_import_path() -> None:
     out, y = torch.zeros(4, 1), torch.ones(4)
     assert float(make_loss("mse")(out, y)) == 1.0  # [4, 1] against [4]: no broadcasting
-    assert isinstance(make_loss("torch.nn:HuberLoss"), nn.HuberLoss)
+    assert float(make_loss("torch.nn:HuberLoss")(out, y)) == 0.5  # the user's: reshaped too
     with pytest.raises(ImportSpecError, match="unknown loss 'hinge'"):
         make_loss("hinge")
 

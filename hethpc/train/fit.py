@@ -16,7 +16,7 @@ from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
 from hethpc.train.loop import RunResult, run_training
-from hethpc.train.losses import LOSSES, Loss, mse
+from hethpc.train.losses import LOSSES, Loss, mse, same_shape
 from hethpc.train.start import start_run
 
 
@@ -54,7 +54,9 @@ def fit(
         test_data: the same forms; evaluated with ``metric`` (rank 0, at epoch ends as
             ``eval_every`` says, and at the end); None: no evaluation.
         loss: ``loss(model(x), y)`` -> scalar batch mean; default cross-entropy for labels,
-            mean squared error for regression targets.
+            mean squared error for regression targets. Where only the shapes differ (one
+            output per sample, ``[n, 1]`` against ``[n]``) the output is given the targets'
+            shape first, for ``metric`` too.
         metric: ``metric(model(x), y)`` -> batch mean; default accuracy for labels, mean
             squared error for targets. The summary holds it as ``test_<name>``
             (``test_acc`` for accuracy).
@@ -93,10 +95,14 @@ def fit(
             f"partition = {cfg.partition!r} splits by class label, but train_data has "
             "floating-point regression targets; use partition 'iid' or 'seldp'"
         )
+    # The user's loss and metric, like the built-in ones, get the output in the targets'
+    # shape where only the shapes differ: [n, 1] against [n] would broadcast to [n, n].
     loss_fn = (
-        loss if loss is not None else (LOSSES["mse"]() if regression else nn.CrossEntropyLoss())
+        same_shape(loss)
+        if loss is not None
+        else (LOSSES["mse"]() if regression else nn.CrossEntropyLoss())
     )
-    chosen = metric if metric is not None else (mse if regression else accuracy)
+    chosen = same_shape(metric) if metric is not None else (mse if regression else accuracy)
     if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
         with torch.no_grad():  # materialise lazy layers before the ranks compare shapes
             model(torch.zeros(2, *sample_shape(train_set)))

@@ -12,22 +12,30 @@ from hethpc.models import ImportSpecError, import_object
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _same_shape(loss: Loss) -> Loss:
-    # A model with one output per sample gives [n, 1] against targets [n]: broadcasting would
-    # silently compare every pair, so the output takes the targets' shape when sizes agree.
+def same_shape(loss: Loss) -> Loss:
+    """``loss`` with the model's output given the targets' shape where only the shapes differ.
+
+    A model with one output per sample gives ``[n, 1]`` against targets ``[n]``: broadcasting
+    would silently compare every pair (an ``[n, n]`` difference), so the output takes the
+    targets' shape when the sizes agree. Used for the built-in losses and the user's own loss
+    and metric alike; the wrapper keeps ``loss``'s name (the summary key of a metric).
+    """
+
     def call(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if out.shape != y.shape and out.numel() == y.numel():
             out = out.reshape(y.shape)
         return loss(out, y)
 
+    call.__name__ = getattr(loss, "__name__", type(loss).__name__)
+    call.__doc__ = getattr(loss, "__doc__", None)
     return call
 
 
 LOSSES: dict[str, Callable[[], Loss]] = {
     "cross_entropy": nn.CrossEntropyLoss,
-    "mse": lambda: _same_shape(nn.MSELoss()),
-    "l1": lambda: _same_shape(nn.L1Loss()),
-    "smooth_l1": lambda: _same_shape(nn.SmoothL1Loss()),
+    "mse": lambda: same_shape(nn.MSELoss()),
+    "l1": lambda: same_shape(nn.L1Loss()),
+    "smooth_l1": lambda: same_shape(nn.SmoothL1Loss()),
 }
 
 
@@ -35,7 +43,8 @@ def make_loss(name: str) -> Loss:
     """A loss by built-in name (:data:`LOSSES`) or ``package.module:factory`` / ``file.py:factory``.
 
     A factory is called without arguments and returns ``loss(output, target) -> scalar``
-    (an ``nn.Module`` such as ``nn.HuberLoss`` works as its own factory).
+    (an ``nn.Module`` such as ``nn.HuberLoss`` works as its own factory); its output is
+    given the targets' shape where only the shapes differ (:func:`same_shape`).
 
     Raises:
         ImportSpecError: the name is neither built in nor an import path that loads.
@@ -50,7 +59,7 @@ def make_loss(name: str) -> Loss:
     made = import_object(name, what="loss")()
     if not callable(made):
         raise ImportSpecError(f"loss {name!r} made a {type(made).__name__}, which is not callable")
-    return made
+    return same_shape(made)
 
 
 def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
