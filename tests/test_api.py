@@ -73,6 +73,25 @@ def test_the_users_loss_and_metric_see_outputs_in_the_targets_shape(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
+    ("model", "y", "match"),
+    [
+        (nn.Linear(4, 2), np.arange(60) % 3, r"shape \(2,\) per sample.*up to 2 \(3 classes\)"),
+        (nn.Linear(4, 3), np.arange(60) % 3 + 5, r"up to 7 \(8 classes\).*shape \(8,\)"),
+        (nn.Linear(4, 3), (np.arange(60) % 3).astype(np.float32), r"regression targets, one "
+         r"value per sample.*y.astype\(int\)"),
+    ],
+    ids=["too-few-outputs", "labels-out-of-range", "float-labels"],
+)
+def test_a_model_whose_outputs_do_not_fit_the_labels_is_named(
+    tmp_path: Path, model: nn.Module, y: np.ndarray, match: str
+) -> None:
+    x = np.zeros((60, 4), np.float32)
+    with pytest.raises(ModelError, match=match):
+        hethpc.fit(model, (x, y), batch_size=10, epochs=1, run_dir=str(tmp_path / "run"),
+                   progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
     ("data", "match"),
     [
         ((np.zeros((3, 2)), np.zeros(4)), r"x has shape \(3, 2\) and y \(4,\)"),
@@ -163,3 +182,20 @@ def test_the_cli_takes_a_model_by_file_path(
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "has no attribute 'missing'" in err and "Traceback" not in err
+
+
+def test_the_cli_names_a_factory_that_ignores_num_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = _factory_file(
+        tmp_path, "def make(shape, classes):\n    return nn.Sequential(nn.Flatten(), "
+        "nn.Linear(shape[-1], 3))\n",
+    )  # fmt: skip
+    argv = ["--samples", "600", "--batch-size", "50", "--max-steps", "5", "--progress", "false",
+            "--cache-dir", str(tmp_path / "cache"), "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        train_job.main([*argv, "--model", f"{p}:make"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "gives outputs of shape (3,)" in err and "size its last layer by num_classes" in err
+    assert "Traceback" not in err

@@ -18,7 +18,8 @@ from hethpc.data import (
     load_mnist1d,
     open_dataset_shared,
 )
-from hethpc.models import build_model
+from hethpc.data.transform import to_inputs
+from hethpc.models import ModelError, build_model
 from hethpc.train.config import TrainConfig
 
 
@@ -47,6 +48,67 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
 def sample_shape(train: Any) -> tuple[int, ...]:
     """The shape of one training sample."""
     return tuple(train.sample_shape) if hasattr(train, "sample_shape") else tuple(train.x.shape[1:])
+
+
+def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: str) -> None:
+    """Refuse a model whose outputs do not fit the data's labels or targets under ``loss``.
+
+    One forward pass of two training samples (in eval mode, without gradients): for
+    ``"cross_entropy"`` the output must be ``[n, C]`` with ``C`` at least the data's classes;
+    for the built-in regression losses (``"mse"``, ``"l1"``, ``"smooth_l1"``) each sample's
+    output must hold as many values as its target. Other (the user's own) losses are not
+    checked. ``what`` names the model, ``fix`` says how to give it other outputs.
+
+    Raises:
+        ModelError: naming the output and label shapes and the fix.
+    """
+    if loss not in ("cross_entropy", "mse", "l1", "smooth_l1"):
+        return
+    if isinstance(train, ArrayDataset):
+        x, y = train.x[:2], train.y[:2]
+    else:
+        x, y = train.read(np.arange(min(2, len(train))))
+    param = next(iter(model.parameters()), None)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            inputs = to_inputs(np.asarray(x))
+            out = model(inputs.to(param.device) if param is not None else inputs)
+    finally:
+        for m, training in modes.items():
+            m.train(training)
+    if not isinstance(out, torch.Tensor):
+        raise ModelError(f"{what} returned a {type(out).__name__}, expected a tensor")
+    classes = int(train.num_classes)
+    shape = tuple(out.shape[1:])
+    if loss == "cross_entropy":
+        if classes == 0:
+            raise ModelError(
+                "the training targets are floating-point (regression), but the loss is "
+                "cross-entropy over class labels; give integer labels, or a regression loss "
+                "(mse, l1, smooth_l1)"
+            )
+        if len(shape) != 1 or shape[0] < classes:
+            raise ModelError(
+                f"{what} gives outputs of shape {shape} per sample, but the training labels "
+                f"go up to {classes - 1} ({classes} classes) and cross-entropy needs one "
+                f"output per class: shape ({classes},); {fix}"
+            )
+        return
+    target = tuple(np.asarray(y).shape[1:])
+    if math.prod(shape) != math.prod(target):
+        per_sample = "one value per sample" if not target else f"shape {target} per sample"
+        kind = "integer class labels" if classes else "floating-point regression targets"
+        hint = (
+            ""
+            if classes
+            else "; if y are class labels, give them an integer dtype (y.astype(int))"
+        )
+        raise ModelError(
+            f"{what} gives outputs of shape {shape} per sample, but the training data has "
+            f"{kind}, {per_sample}, for the {loss} loss; {fix}{hint}"
+        )
 
 
 def build(cfg: TrainConfig, train: Any) -> nn.Module:

@@ -11,7 +11,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, as_dataset
-from hethpc.train.build import sample_shape
+from hethpc.train.build import check_outputs, sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
@@ -71,6 +71,8 @@ def fit(
     Raises:
         ConfigError: an invalid setting (named), or settings that differ across ranks.
         DatasetError: data of an unsupported form, or malformed.
+        ModelError: with the default loss, the model's outputs do not fit the labels or
+            targets (fewer outputs than classes, or not one value per target).
     """
     if config is not None and settings:
         raise ConfigError(
@@ -106,6 +108,11 @@ def fit(
     if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
         with torch.no_grad():  # materialise lazy layers before the ranks compare shapes
             model(torch.zeros(2, *sample_shape(train_set)))
+    if loss is None:  # the default loss: the model's outputs must fit the labels or targets
+        check_outputs(
+            model, train_set, loss="mse" if regression else "cross_entropy", what="the model",
+            fix="change the model's last layer",
+        )  # fmt: skip
     return run_training(
         cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=loss_fn, metric=chosen,
         log=log,

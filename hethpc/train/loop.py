@@ -23,7 +23,7 @@ from hethpc import comm
 from hethpc.data import ArrayDataset, ShardedDataset
 from hethpc.train import parts
 from hethpc.train.assembly import assemble
-from hethpc.train.build import build, load_data
+from hethpc.train.build import build, check_outputs, load_data
 from hethpc.train.config import TrainConfig
 from hethpc.train.epoch import EpochEnd
 from hethpc.train.evaluation import Metric, accuracy, metric_key
@@ -98,6 +98,11 @@ def train(
     run_dir = start_run(cfg, overwrite=overwrite, log=log)
     train_set, test_set = load_data(cfg)
     model = build(cfg, train_set)
+    check_outputs(
+        model, train_set, loss=cfg.loss, what=f"--model {cfg.model}",
+        fix="a factory is called as make(sample_shape, num_classes): size its last layer by "
+        "num_classes",
+    )  # fmt: skip
     return run_training(
         cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=make_loss(cfg.loss),
         faults=faults, log=log,
