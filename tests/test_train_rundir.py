@@ -74,6 +74,25 @@ def test_overwrite_replaces_only_hethpcs_own_files(tmp_path: Path) -> None:
     assert (d / "plots" / "mine.png").read_bytes() == b"png"
 
 
+def test_overwrite_keeps_user_files_in_hethpcs_folders_and_clears_csv_and_tensorboard(
+    tmp_path: Path,
+) -> None:
+    d = tmp_path / "run"
+    claim(d, digest="a", resume=False, overwrite=False)
+    ours = ["config.json", "metrics/rank0.jsonl", "checkpoints/ckpt-000000010.pt",
+            "checkpoints/ckpt-000000010.pt.sha256", "heartbeat/rank1.json",
+            "heartbeat/stacks-rank0.txt", "csv/metrics.csv",
+            "tensorboard/events.out.tfevents.1.host.2.0"]  # fmt: skip
+    theirs = ["metrics/my-notes.txt", "checkpoints/pretrained.pt", "csv/mine.csv"]
+    for name in ours + theirs:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(name.encode())
+    claim(d, digest="b", resume=False, overwrite=True)
+    assert [n for n in ours if (d / n).exists()] == []  # an old CSV would get the new rows
+    assert [(d / n).read_bytes() for n in theirs] == [n.encode() for n in theirs]
+    assert not (d / "heartbeat").exists() and not (d / "tensorboard").exists()
+
+
 def test_resume_keeps_the_run(tmp_path: Path) -> None:
     d = tmp_path / "run"
     claim(d, digest="a", resume=False, overwrite=False)

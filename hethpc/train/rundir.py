@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +12,14 @@ from hethpc.train.errors import RunDirError
 MARKER = ".hethpc-run"
 # What hethpc writes into a run directory; --overwrite removes these and nothing else.
 OWN_FILES = ("config.json", "summary.json")
-OWN_DIRS = ("metrics", "checkpoints", "heartbeat")
+# Its subdirectories and the names it writes there: a user's file in them stays.
+OWN_DIRS: dict[str, tuple[str, ...]] = {
+    "metrics": ("rank*.jsonl",),
+    "checkpoints": ("ckpt-*.pt", "ckpt-*.pt.sha256", ".ckpt-*.tmp"),
+    "heartbeat": ("rank*.json", ".rank*.json.tmp", "stacks-rank*.txt"),
+    "csv": ("metrics.csv",),
+    "tensorboard": ("events.out.tfevents.*",),
+}
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
@@ -38,12 +44,23 @@ def next_run_dir(root: str | os.PathLike[str] = "runs", *, name: str = "run") ->
 
 
 def clear_run(path: Path) -> None:
-    """Remove an earlier run's output from a hethpc run directory; other files stay."""
+    """Remove an earlier run's output from a hethpc run directory; other files stay.
+
+    In hethpc's own subdirectories only the files it names so are removed (a user's notes
+    there stay), and a subdirectory left empty goes too.
+    """
     for n in OWN_FILES:
         (path / n).unlink(missing_ok=True)
-    for d in OWN_DIRS:
-        if (path / d).is_dir():
-            shutil.rmtree(path / d)
+    for d, patterns in OWN_DIRS.items():
+        sub = path / d
+        if not sub.is_dir():
+            continue
+        for pattern in patterns:
+            for f in sub.glob(pattern):
+                if f.is_file() or f.is_symlink():
+                    f.unlink()
+        if not any(sub.iterdir()):
+            sub.rmdir()
 
 
 def claim(path: str | os.PathLike[str], *, digest: str, resume: bool, overwrite: bool) -> Path:
