@@ -114,6 +114,31 @@ def test_fit_refuses_unknown_and_invalid_settings(tmp_path: Path) -> None:
         hethpc.fit(nn.Linear(4, 3), _blobs(50), lr=float("nan"))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"model": lambda t: t}, r"fit\(model=...\) must be a torch nn.Module, got a function"),
+        ({"metric": "acc"}, r"fit\(metric=...\) must be callable .* got a str \('acc'\)"),
+        ({"loss": 0.5}, r"fit\(loss=...\) must be callable"),
+        ({"loss": "hinge"}, r"fit\(loss=...\): unknown loss 'hinge'"),
+    ],
+    ids=["model-not-module", "metric-str", "loss-float", "loss-unknown-name"],
+)
+def test_fit_names_a_model_loss_or_metric_of_the_wrong_kind(kwargs: dict, match: str) -> None:
+    args = {"model": nn.Linear(4, 3), **kwargs}
+    with pytest.raises(hethpc.ConfigError, match=match):
+        hethpc.fit(args.pop("model"), _blobs(50), **args)
+
+
+def test_fit_takes_a_loss_by_name_as_the_cli_does(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32)
+    y = x.sum(1).astype(np.float32)
+    torch.manual_seed(0)
+    result = hethpc.fit(nn.Linear(3, 1), (x, y), test_data=(x, y), loss="l1", batch_size=20,
+                        epochs=10, lr=0.05, run_dir=str(tmp_path / "run"), progress=False)
+    assert result.summary["test_mse"] < 0.05, result.summary  # predicting the mean: about 3
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

@@ -101,7 +101,7 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
         per_sample = "one value per sample" if not target else f"shape {target} per sample"
         kind = "integer class labels" if classes else "floating-point regression targets"
         hint = (
-            ""
+            "; for class labels use the cross_entropy loss"
             if classes
             else "; if y are class labels, give them an integer dtype (y.astype(int))"
         )

@@ -11,12 +11,13 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, as_dataset
+from hethpc.models import ImportSpecError
 from hethpc.train.build import check_outputs, sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
 from hethpc.train.loop import RunResult, run_training
-from hethpc.train.losses import LOSSES, Loss, mse, same_shape
+from hethpc.train.losses import LOSSES, Loss, make_loss, mse, same_shape
 from hethpc.train.start import start_run
 
 
@@ -30,7 +31,7 @@ def fit(
     train_data: Any,
     *,
     test_data: Any = None,
-    loss: Loss | None = None,
+    loss: Loss | str | None = None,
     metric: Metric | None = None,
     config: TrainConfig | None = None,
     overwrite: bool = False,
@@ -53,8 +54,9 @@ def fit(
             uint8 samples are scaled to ``[0, 1]``, in training and evaluation alike.
         test_data: the same forms; evaluated with ``metric`` (rank 0, at epoch ends as
             ``eval_every`` says, and at the end); None: no evaluation.
-        loss: ``loss(model(x), y)`` -> scalar batch mean; default cross-entropy for labels,
-            mean squared error for regression targets. Where only the shapes differ (one
+        loss: ``loss(model(x), y)`` -> scalar batch mean, or a name as ``--loss`` takes
+            (``"mse"``, ``"l1"``, ``"package.module:factory"``); default cross-entropy for
+            labels, mean squared error for regression targets. Where only the shapes differ (one
             output per sample, ``[n, 1]`` against ``[n]``) the output is given the targets'
             shape first, for ``metric`` too.
         metric: ``metric(model(x), y)`` -> batch mean; default accuracy for labels, mean
@@ -74,6 +76,27 @@ def fit(
         ModelError: with the default loss, the model's outputs do not fit the labels or
             targets (fewer outputs than classes, or not one value per target).
     """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"fit(model=...) must be a torch nn.Module, got a {type(model).__name__}; wrap a "
+            "function in an nn.Module whose forward calls it"
+        )
+    loss_name = loss if isinstance(loss, str) else None
+    if isinstance(loss, str):  # a built-in name or an import path, as --loss takes
+        try:
+            loss = make_loss(loss)
+        except ImportSpecError as e:
+            raise ConfigError(f"fit(loss=...): {e}", key="loss") from e
+    for what, value, default in (
+        ("loss", loss, "cross-entropy for labels, mean squared error for targets"),
+        ("metric", metric, "accuracy for labels, mean squared error for targets"),
+    ):
+        if value is not None and not callable(value):
+            raise ConfigError(
+                f"fit({what}=...) must be callable as {what}(model(x), y) -> a batch mean, got "
+                f"a {type(value).__name__} ({value!r}); leave it out for the default ({default})",
+                key=what,
+            )
     if config is not None and settings:
         raise ConfigError(
             f"give the settings either as config= or as keywords, not both ({sorted(settings)})"
@@ -108,10 +131,10 @@ def fit(
     if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
         with torch.no_grad():  # materialise lazy layers before the ranks compare shapes
             model(torch.zeros(2, *sample_shape(train_set)))
-    if loss is None:  # the default loss: the model's outputs must fit the labels or targets
+    if loss is None or loss_name is not None:  # a built-in loss: outputs must fit the labels
         check_outputs(
-            model, train_set, loss="mse" if regression else "cross_entropy", what="the model",
-            fix="change the model's last layer",
+            model, train_set, loss=loss_name or ("mse" if regression else "cross_entropy"),
+            what="the model", fix="change the model's last layer",
         )  # fmt: skip
     return run_training(
         cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=loss_fn, metric=chosen,
