@@ -108,8 +108,10 @@ def test_data_of_the_wrong_form_is_named(data: object, match: str) -> None:
 
 
 def test_fit_refuses_unknown_and_invalid_settings(tmp_path: Path) -> None:
-    with pytest.raises(hethpc.ConfigError, match="unknown setting"):
+    with pytest.raises(hethpc.ConfigError, match="unknown setting.*did you mean 'batch_size'"):
         hethpc.fit(nn.Linear(4, 3), _blobs(50), batch_szie=8)
+    with pytest.raises(hethpc.ConfigError, match="did you mean 'test_data'"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), testdata=_blobs(10))
     with pytest.raises(hethpc.ConfigError, match=r"lr = nan.*fit\(lr=...\)"):
         hethpc.fit(nn.Linear(4, 3), _blobs(50), lr=float("nan"))
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,25 @@ from hethpc.train.config import TrainConfig, config_fields
 from hethpc.train.errors import ConfigError
 
 
-def make_config(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> TrainConfig:
+def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``" (did you mean 'batch_size'?)"`` for the close matches of ``unknown``, or ``""``."""
+    names = sorted(known)
+    close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1)]
+    return f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+
+
+def make_config(
+    values: Mapping[str, Any],
+    sources: Mapping[str, str] | None = None,
+    *,
+    also: Iterable[str] = (),
+) -> TrainConfig:
     """A :class:`TrainConfig` from ``values``; an error names where the faulty value came from.
 
     Args:
         values: settings by field name.
         sources: where each value was set, e.g. ``{"lr": "--lr", "epochs": "run.toml line 3"}``.
+        also: other names the caller takes (``fit``'s own keywords), suggested for a typo.
 
     Raises:
         ConfigError: an unknown or invalid setting, with its source appended.
@@ -25,7 +39,10 @@ def make_config(values: Mapping[str, Any], sources: Mapping[str, str] | None = N
     known = {f.name for f in config_fields()}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown}")
+        raise ConfigError(
+            f"unknown setting(s) {unknown}{did_you_mean(unknown, known | set(also))}; the "
+            "settings are TrainConfig's fields (jobs/train.py --help, with - for _)"
+        )
     try:
         return TrainConfig(**values)
     except ConfigError as e:
@@ -65,7 +82,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(flat) - known)
     if unknown:
         raise ConfigError(
-            f"{path}: unknown setting(s) {unknown}; see 'jobs/train.py --help' for the names"
+            f"{path}: unknown setting(s) {unknown}{did_you_mean(unknown, known)}; see "
+            "'jobs/train.py --help' for the names"
         )
     return flat
 

@@ -104,7 +104,10 @@ def fit(
     if config is None:
         settings.setdefault("model", f"{type(model).__module__}:{type(model).__qualname__}")
         settings.setdefault("progress", True)
-        cfg = make_config(settings, {k: f"fit({k}=...)" for k in settings})
+        cfg = make_config(
+            settings, {k: f"fit({k}=...)" for k in settings},
+            also=("test_data", "loss", "metric", "config", "overwrite", "log"),
+        )  # fmt: skip
     else:
         cfg = config
     comm.init()
