@@ -141,6 +141,25 @@ def test_fit_takes_a_loss_by_name_as_the_cli_does(tmp_path: Path) -> None:
     assert result.summary["test_mse"] < 0.05, result.summary  # predicting the mean: about 3
 
 
+@pytest.mark.parametrize(
+    ("test", "match"),
+    [
+        ((np.zeros((10, 5), np.float32), np.zeros(10, np.int64)),
+         r"test_data: samples of shape \(5,\), but train_data's are \(4,\)"),
+        ((np.zeros((10, 4), np.float32), np.zeros(10, np.float32)),
+         "test_data: y are floating-point targets, but train_data's are integer class labels"),
+    ],
+    ids=["features", "targets-not-labels"],
+)  # fmt: skip
+def test_test_data_that_does_not_match_the_training_data_is_named_before_training(
+    tmp_path: Path, test: tuple, match: str
+) -> None:
+    with pytest.raises(DatasetError, match=match):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), test_data=test, batch_size=10,
+                   run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    assert not (tmp_path / "run" / "metrics").exists()  # refused before the first step
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

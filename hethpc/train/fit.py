@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.data import ArrayDataset, as_dataset
+from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError
 from hethpc.train.build import check_outputs, sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
@@ -24,6 +24,22 @@ from hethpc.train.start import start_run
 def _regression(data: Any) -> bool:
     labels = data.y if isinstance(data, ArrayDataset) else getattr(data, "labels", None)
     return labels is not None and np.issubdtype(np.asarray(labels[:1]).dtype, np.floating)
+
+
+def _check_test_data(train_set: Any, test_set: ArrayDataset, regression: bool) -> None:
+    """Refuse test data that the trained model cannot be scored on (before training)."""
+    train_shape, test_shape = sample_shape(train_set), tuple(test_set.x.shape[1:])
+    if train_shape != test_shape:
+        raise DatasetError(
+            f"test_data: samples of shape {test_shape}, but train_data's are {train_shape}; "
+            "give both the same features"
+        )
+    if _regression(test_set) != regression:
+        kinds = ("floating-point targets", "integer class labels")
+        got, want = kinds[::-1] if regression else kinds
+        raise DatasetError(
+            f"test_data: y are {got}, but train_data's are {want}; give both the same dtype"
+        )
 
 
 def fit(
@@ -118,6 +134,8 @@ def fit(
         x, y = test_set.read(np.arange(len(test_set)))
         test_set = ArrayDataset(np.asarray(x), np.asarray(y), int(test_set.num_classes))
     regression = _regression(train_set)
+    if test_set is not None:
+        _check_test_data(train_set, test_set, regression)
     if regression and cfg.partition in ("labels", "dirichlet"):
         raise ConfigError(
             f"partition = {cfg.partition!r} splits by class label, but train_data has "
