@@ -160,6 +160,16 @@ def test_test_data_that_does_not_match_the_training_data_is_named_before_trainin
     assert not (tmp_path / "run" / "metrics").exists()  # refused before the first step
 
 
+def test_rerunning_fit_into_its_run_dir_names_fits_own_keywords(tmp_path: Path) -> None:
+    args = {"batch_size": 10, "epochs": 1, "run_dir": str(tmp_path / "run"), "progress": False}
+    hethpc.fit(nn.Linear(4, 3), _blobs(50), **args)
+    with pytest.raises(hethpc.ConfigError, match=r"resume=True.*overwrite=True"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), **args)
+    assert hethpc.fit(nn.Linear(4, 3), _blobs(50), overwrite=True, **args).summary["steps"] == 5
+    with pytest.raises(hethpc.ConfigError, match=r"resume=True needs run_dir"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), resume=True)
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

@@ -91,8 +91,9 @@ def claim(path: str | os.PathLike[str], *, digest: str, resume: bool, overwrite:
     replace = is_run_dir(path) and holds_run(path) and not resume
     if replace and not overwrite:
         raise RunDirError(
-            f"--run-dir {path} already holds a run; pass --resume to continue it or "
-            "--overwrite to replace it (files hethpc did not write are kept)"
+            f"--run-dir {path} already holds a run; pass --resume (fit: resume=True) to "
+            "continue it or --overwrite (fit: overwrite=True) to replace it (files hethpc "
+            "did not write are kept)"
         )
     marker = {"hethpc_run": 1, "config_digest": digest, "created": time.time()}
     try:

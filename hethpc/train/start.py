@@ -37,7 +37,10 @@ def start_run(
     if rank == 0:
         try:
             if not chosen and cfg.resume:
-                raise RunDirError("--resume needs --run-dir: the directory of the run to continue")
+                raise RunDirError(
+                    "--resume needs --run-dir (fit: resume=True needs run_dir=...): the "
+                    "directory of the run to continue"
+                )
             chosen = str(chosen or next_run_dir())
             claim(chosen, digest=cfg.digest(), resume=cfg.resume, overwrite=overwrite)
         except RunDirError as e:
