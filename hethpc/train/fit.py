@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,40 @@ from hethpc.train.start import start_run
 def _regression(data: Any) -> bool:
     labels = data.y if isinstance(data, ArrayDataset) else getattr(data, "labels", None)
     return labels is not None and np.issubdtype(np.asarray(labels[:1]).dtype, np.floating)
+
+
+def _data_signature(data: Any) -> tuple[Any, ...]:
+    """Length, sample shape, classes and (in memory) a digest of three samples: cheap to compare."""
+    sig: tuple[Any, ...] = (len(data), sample_shape(data), int(data.num_classes))
+    if isinstance(data, ArrayDataset):
+        rows = sorted({0, len(data) // 2, len(data) - 1})
+        digest = hashlib.sha256()
+        for a in (data.x[rows], data.y[rows]):
+            digest.update(np.ascontiguousarray(a).tobytes())
+        sig += (digest.hexdigest()[:16],)
+    return sig
+
+
+def _check_same_data(train_set: Any) -> None:
+    """Refuse training data that differs between ranks (a collective).
+
+    Every rank takes its share of one permutation of the whole training set: with another
+    set on some rank, samples would be trained on twice or never, silently.
+    """
+    sigs = comm.allgather_object(_data_signature(train_set))
+    differ = [r for r, sig in enumerate(sigs) if sig != sigs[0]]
+    if differ:
+
+        def show(r: int) -> str:
+            n, shape, classes = sigs[r][:3]
+            return f"rank {r}: {n} samples of shape {shape}, {classes} classes"
+
+        same = "" if any(sigs[r][:3] != sigs[0][:3] for r in differ) else ", other values"
+        raise DatasetError(
+            f"train_data differs between ranks ({show(0)}; {'; '.join(map(show, differ))}"
+            f"{same}); give every rank the whole training set, the same on each: hethpc "
+            "gives each rank its share (partition says how)"
+        )
 
 
 def _check_test_data(train_set: Any, test_set: ArrayDataset, regression: bool) -> None:
@@ -133,6 +168,7 @@ def fit(
     if test_set is not None and not isinstance(test_set, ArrayDataset):
         x, y = test_set.read(np.arange(len(test_set)))
         test_set = ArrayDataset(np.asarray(x), np.asarray(y), int(test_set.num_classes))
+    _check_same_data(train_set)
     regression = _regression(train_set)
     if test_set is not None:
         _check_test_data(train_set, test_set, regression)

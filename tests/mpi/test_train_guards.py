@@ -105,3 +105,28 @@ def test_unchecked_weights_average_like_checked(world: tuple[int, int], policy: 
         finals.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*finals, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    ("odd", "match"),
+    [
+        (lambda x, y: (x[:50], y[:50]), r"rank 0: 60 samples .*; rank 1: 50 samples"),
+        (lambda x, y: (x + 1, y), "rank 1: 60 samples of shape \\(4,\\), 3 classes, other values"),
+    ],
+    ids=["length", "values"],
+)
+def test_fit_names_training_data_that_differs_between_ranks(
+    world: tuple[int, int], tmp_path: object, odd: object, match: str
+) -> None:
+    import hethpc
+    from hethpc.data import DatasetError
+
+    r, n = world
+    if n == 1:
+        pytest.skip("needs two ranks")
+    rng = np.random.default_rng(0)  # the same on every rank, but for the odd one
+    x, y = rng.normal(size=(60, 4)).astype(np.float32), np.arange(60) % 3
+    data = odd(x, y) if r == 1 else (x, y)  # type: ignore[operator]
+    run_dir = comm.broadcast_object(str(tmp_path))
+    with pytest.raises(DatasetError, match=f"train_data differs between ranks .*{match}"):
+        hethpc.fit(nn.Linear(4, 3), data, batch_size=10, run_dir=run_dir, progress=False)
