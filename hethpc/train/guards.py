@@ -42,18 +42,38 @@ def describe_mismatch(signatures: list[list[tuple[str, tuple[int, ...], str]]]) 
     return "; ".join(lines)
 
 
+def describe_layers(layouts: list[list[tuple[str, str]]]) -> str:
+    """The first module whose class differs from rank 0's, per rank ('' if none).
+
+    Catches models with the same parameters but other layers (an activation, a wrapper).
+    """
+    lines = []
+    for r, lay in enumerate(layouts[1:], start=1):
+        for (n0, t0), (nr, tr) in zip(layouts[0], lay, strict=False):
+            if (n0, t0) != (nr, tr):
+                lines.append(f"module {n0} is {t0} on rank 0, module {nr} is {tr} on rank {r}")
+                break
+        else:
+            if len(lay) != len(layouts[0]):
+                lines.append(f"rank {r} has {len(lay)} modules, rank 0 {len(layouts[0])}")
+    return "; ".join(lines)
+
+
 def check_same_model(model: nn.Module, group: Group | None = None) -> None:
     """Refuse to train when the ranks' models differ (checked before any allreduce).
 
     Raises:
         ModelMismatchError: on every rank, naming the differing parameters and ranks.
     """
-    sigs = comm.allgather_object(model_signature(model), group)
-    detail = describe_mismatch(sigs)
+    layout = [(name or "(root)", type(m).__qualname__) for name, m in model.named_modules()]
+    gathered = comm.allgather_object((model_signature(model), layout), group)
+    detail = describe_mismatch([sig for sig, _ in gathered]) or describe_layers(
+        [lay for _, lay in gathered]
+    )
     if detail:
         raise ModelMismatchError(
             f"the ranks built different models: {detail}. "
-            "Use the same --model and data on every rank."
+            "Build the same model on every rank (the same --model and data)."
         )
 
 

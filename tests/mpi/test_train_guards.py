@@ -63,8 +63,12 @@ def test_same_model_passes(world: tuple[int, int]) -> None:
         ),
         (nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).double(), "torch.float64"),
         (nn.Sequential(nn.Linear(4, 8)), r"lacks \['2\.bias', '2\.weight'\]"),
+        (
+            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+            r"module 1 is ReLU on rank 0, module 1 is Tanh on rank",
+        ),
     ],
-    ids=["shape", "dtype", "missing-layer"],
+    ids=["shape", "dtype", "missing-layer", "other-activation"],
 )
 def test_model_mismatch_is_named_on_every_rank(
     world: tuple[int, int], odd: nn.Module, match: str
