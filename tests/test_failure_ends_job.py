@@ -38,6 +38,13 @@ if comm.rank() == 1:
 comm.allreduce(torch.ones(1))
 '''
 
+# A user's own script: no abort_on_exception(); hethpc.comm.init() (as fit() and a
+# Coordinator call it) installs it, so rank 1's exception still ends rank 0, which waits in an
+# MPI collective (rank 1's MPI_Finalize at exit would wait for it: a hang without the hook).
+USER_SCRIPT = WAITING_SCRIPT.replace("comm.abort_on_exception()\n", "").replace(
+    "comm.allreduce(torch.ones(1))", "comm.barrier()"
+)
+
 
 def _run(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.perf_counter()
@@ -68,9 +75,10 @@ def test_pytest_under_mpirun_fails_instead_of_hanging(tmp_path: Path) -> None:
     assert took < 60, f"took {took:.1f} s"
 
 
-def test_job_script_aborts_all_ranks_and_names_the_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", [WAITING_SCRIPT, USER_SCRIPT], ids=["job", "user-script"])
+def test_job_script_aborts_all_ranks_and_names_the_rank(tmp_path: Path, text: str) -> None:
     script = tmp_path / "job.py"
-    script.write_text(WAITING_SCRIPT)
+    script.write_text(text)
     proc, took = _run([sys.executable, str(script)], timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out

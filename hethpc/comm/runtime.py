@@ -48,8 +48,10 @@ def _launched_by_mpi() -> bool:
 def init() -> None:
     """Start MPI (with ``MPI_THREAD_MULTIPLE``) and Horovod; idempotent.
 
-    Under ``mpirun``/``mpiexec``/``srun`` every rank joins the world. In a plain ``python``
-    process nothing is started: the world has size 1 and no collective is ever called.
+    Under ``mpirun``/``mpiexec``/``srun`` every rank joins the world, and with more than one
+    rank an uncaught exception then ends every rank (:func:`abort_on_exception`, unless
+    ``sys.excepthook`` was replaced already). In a plain ``python`` process nothing is started:
+    the world has size 1 and no collective is ever called.
 
     Raises:
         CommError: MPI cannot give ``MPI_THREAD_MULTIPLE``, or Horovod lacks MPI support.
@@ -100,6 +102,10 @@ def init() -> None:
         hvd=hvd,
     )
     node_comm.Free()
+    if _state.size > 1 and sys.excepthook is sys.__excepthook__:
+        # A user's script (hethpc.fit, a Coordinator loop) that raises on one rank would
+        # otherwise hang: at exit MPI_Finalize waits for the ranks still in a collective.
+        sys.excepthook = _abort_hook
 
 
 def is_initialized() -> bool:
