@@ -99,8 +99,10 @@ def test_a_model_whose_outputs_do_not_fit_the_labels_is_named(
         ((np.full((3, 2), np.nan), np.zeros(3, np.int64)), "x holds NaN"),
         ([1, 2, 3], "item 0 is a int, expected an \\(x, y\\) pair"),
         (42, "got a int; expected"),
+        ((np.zeros((3, 2)), np.zeros((3, 2), np.int64)), r"integer y of shape \(3, 2\) are"),
+        ((np.zeros((3, 2)), np.zeros(3), np.zeros(3)), r"is a tuple of 3: give \(x, y\)"),
     ],
-    ids=["lengths", "negative-label", "nan", "not-pairs", "no-form"],
+    ids=["lengths", "negative-label", "nan", "not-pairs", "no-form", "label-matrix", "triple"],
 )
 def test_data_of_the_wrong_form_is_named(data: object, match: str) -> None:
     with pytest.raises(DatasetError, match=match):
@@ -168,6 +170,11 @@ def test_rerunning_fit_into_its_run_dir_names_fits_own_keywords(tmp_path: Path) 
     assert hethpc.fit(nn.Linear(4, 3), _blobs(50), overwrite=True, **args).summary["steps"] == 5
     with pytest.raises(hethpc.ConfigError, match=r"resume=True needs run_dir"):
         hethpc.fit(nn.Linear(4, 3), _blobs(50), resume=True)
+
+
+def test_a_column_of_labels_is_one_label_per_sample() -> None:
+    data = as_dataset((np.zeros((4, 2), np.float32), np.array([[0], [2], [1], [2]])))
+    assert data.y.tolist() == [0, 2, 1, 2] and data.num_classes == 3
 
 
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:

@@ -47,6 +47,13 @@ def from_arrays(x: Any, y: Any, *, name: str = "data") -> ArrayDataset:
             raise DatasetError(f"{name}: y holds NaN or Inf values")
         return ArrayDataset(xa if xa.dtype == np.uint8 else xa.astype(np.float32, copy=False),
                             ya.astype(np.float32, copy=False), 0)  # fmt: skip
+    if ya.ndim == 2 and ya.shape[1] == 1:  # a column of labels, [n, 1]: one per sample
+        ya = ya[:, 0]
+    if ya.ndim != 1:
+        raise DatasetError(
+            f"{name}: integer y of shape {ya.shape} are read as class labels, one per sample "
+            "(shape [n]); for several targets per sample give floating-point y (regression)"
+        )
     if ya.min() < 0:
         raise DatasetError(f"{name}: class labels must be 0 or more, found {int(ya.min())}")
     xa = xa if xa.dtype == np.uint8 else xa.astype(np.float32, copy=False)
@@ -66,8 +73,13 @@ def from_torch(dataset: Any, *, name: str = "data") -> ArrayDataset:
     for i in range(len(dataset)):
         item = dataset[i]
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            whole = (
+                f" ({name} is a {type(dataset).__name__} of {len(dataset)}: give (x, y))"
+                if isinstance(dataset, (tuple, list)) and 2 < len(dataset) <= 4
+                else ""
+            )
             raise DatasetError(
-                f"{name}: item {i} is a {type(item).__name__}, expected an (x, y) pair"
+                f"{name}: item {i} is a {type(item).__name__}, expected an (x, y) pair{whole}"
             )
         xs.append(_array(item[0], "x"))
         ys.append(_array(item[1], "y"))
