@@ -177,6 +177,13 @@ def test_a_column_of_labels_is_one_label_per_sample() -> None:
     assert data.y.tolist() == [0, 2, 1, 2] and data.num_classes == 3
 
 
+def test_resuming_a_finished_fit_returns_its_final_checkpoint(tmp_path: Path) -> None:
+    args = {"batch_size": 10, "epochs": 1, "run_dir": str(tmp_path / "run"), "progress": False}
+    done = hethpc.fit(nn.Linear(4, 3), _blobs(50), **args).checkpoint
+    again = hethpc.fit(nn.Linear(4, 3), _blobs(50), resume=True, **args)
+    assert done is not None and again.checkpoint == done and again.summary["steps"] == 5
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

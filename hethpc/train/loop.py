@@ -206,6 +206,8 @@ def run_training(
             elapsed = tally.elapsed()
             if start < total or not ckpts.manager.steps():
                 last_path = ckpts.save(total, metrics=metrics, dog=dog)
+            else:  # resumed a finished run: its final checkpoint is the result's
+                last_path = ckpts.manager.path(start)
             dog.kick(total, "sync")
             parts.finish_policy(policy, module)
             policy.close()
