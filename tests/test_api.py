@@ -235,6 +235,8 @@ def test_losses_by_name_and_by_import_path() -> None:
     assert float(make_loss("torch.nn:HuberLoss")(out, y)) == 0.5  # the user's: reshaped too
     with pytest.raises(ImportSpecError, match="unknown loss 'hinge'"):
         make_loss("hinge")
+    with pytest.raises(ImportSpecError, match="is called without arguments.*missing a required"):
+        make_loss("torch.nn.functional:mse_loss")  # the loss itself, not its factory
 
 
 def test_the_cli_takes_a_model_by_file_path(

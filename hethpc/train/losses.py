@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -56,7 +57,17 @@ def make_loss(name: str) -> Loss:
             f"unknown loss {name!r}; choose one of {sorted(LOSSES)} or give your own as "
             "'package.module:factory'"
         )
-    made = import_object(name, what="loss")()
+    factory = import_object(name, what="loss")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as e:
+        raise ImportSpecError(
+            f"loss {name!r} is called without arguments to make the loss (a class such as "
+            f"torch.nn:HuberLoss, or a function returning loss(output, target)): {e}"
+        ) from e
+    except ValueError:  # no signature to read (a builtin): call it and see
+        pass
+    made = factory()
     if not callable(made):
         raise ImportSpecError(f"loss {name!r} made a {type(made).__name__}, which is not callable")
     return same_shape(made)
