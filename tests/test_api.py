@@ -271,3 +271,15 @@ def test_the_cli_names_a_factory_that_ignores_num_classes(
     err = capsys.readouterr().err
     assert "gives outputs of shape (3,)" in err and "size its last layer by num_classes" in err
     assert "Traceback" not in err
+
+
+def _coordinator(**kw: object) -> hethpc.Coordinator:
+    model = nn.Linear(4, 3)
+    return hethpc.Coordinator(model, torch.optim.SGD(model.parameters(), lr=0.1), **kw)
+
+
+def test_coordinator_settings_name_the_coordinators_keywords() -> None:
+    with pytest.raises(hethpc.ConfigError, match=r"\['batchng'\] \(did you mean 'batching'\?\)"):
+        _coordinator(global_batch=16, batchng="dynamic")
+    with pytest.raises(hethpc.ConfigError, match=r"set by Coordinator\(global_batch=...\)"):
+        _coordinator(global_batch="16")

@@ -13,7 +13,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.sync import SyncRecord
 from hethpc.train import parts
-from hethpc.train.config_sources import make_config
+from hethpc.train.config_sources import did_you_mean, make_config
 from hethpc.train.guards import check_same_model, local_nonfinite, nonfinite_ranks
 
 
@@ -80,13 +80,17 @@ class Coordinator:
         if unknown:
             from hethpc.train.config import ConfigError
 
+            own = ("global_batch", "broadcast", "skip_nonfinite", "device")
             raise ConfigError(
-                f"Coordinator got unknown setting(s) {unknown}; it takes {sorted(self._SETTINGS)}"
+                f"Coordinator got unknown setting(s) {unknown}"
+                f"{did_you_mean(unknown, {*self._SETTINGS, *own})}; it takes "
+                f"{sorted(self._SETTINGS)}"
             )
         self.config = make_config(
             {"batch_size": global_batch, **settings},
-            {k: f"Coordinator({k}=...)" for k in (*settings, "batch_size")},
-        )
+            {**{k: f"Coordinator({k}=...)" for k in settings},
+             "batch_size": "Coordinator(global_batch=...)"},
+        )  # fmt: skip
         comm.init()
         self.model, self.optimizer = model, optimizer
         self.skip_nonfinite = skip_nonfinite
