@@ -283,3 +283,11 @@ def test_coordinator_settings_name_the_coordinators_keywords() -> None:
         _coordinator(global_batch=16, batchng="dynamic")
     with pytest.raises(hethpc.ConfigError, match=r"set by Coordinator\(global_batch=...\)"):
         _coordinator(global_batch="16")
+
+
+def test_coordinator_with_dynamic_batching_needs_start() -> None:
+    coord = _coordinator(global_batch=16, batching="dynamic")
+    coord.start()
+    coord.step()
+    with pytest.raises(hethpc.ConfigError, match=r"step 1 without coord.start\(\)"):
+        coord.step()

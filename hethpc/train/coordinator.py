@@ -13,6 +13,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.sync import SyncRecord
 from hethpc.train import parts
+from hethpc.train.config import ConfigError
 from hethpc.train.config_sources import did_you_mean, make_config
 from hethpc.train.guards import check_same_model, local_nonfinite, nonfinite_ranks
 
@@ -78,8 +79,6 @@ class Coordinator:
     ) -> None:
         unknown = sorted(set(settings) - self._SETTINGS)
         if unknown:
-            from hethpc.train.config import ConfigError
-
             own = ("global_batch", "broadcast", "skip_nonfinite", "device")
             raise ConfigError(
                 f"Coordinator got unknown setting(s) {unknown}"
@@ -129,6 +128,12 @@ class Coordinator:
             The policy's record of the step, or None when it was skipped (NaN/Inf).
         """
         step = self.steps
+        if self.config.batching == "dynamic" and not math.isfinite(self._t0):
+            raise ConfigError(
+                f"Coordinator.step() at step {step} without coord.start(): batching='dynamic' "
+                "sizes each rank's batch by its measured compute time, so call coord.start() "
+                "just before the forward pass of every step"
+            )
         compute_s = (
             self.controller.timer_stop(self._t0, step=step) if math.isfinite(self._t0) else math.nan
         )
