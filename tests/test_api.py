@@ -291,3 +291,12 @@ def test_coordinator_with_dynamic_batching_needs_start() -> None:
     coord.step()
     with pytest.raises(hethpc.ConfigError, match=r"step 1 without coord.start\(\)"):
         coord.step()
+
+
+def test_coordinator_refuses_a_horovod_distributed_optimizer() -> None:
+    model = nn.Linear(4, 3)
+    # hvd.DistributedOptimizer(opt) makes a subclass of opt's class defined in horovod.torch
+    wrapped = type("DistributedOptimizer", (torch.optim.SGD,), {"__module__": "horovod.torch"})
+    with pytest.raises(hethpc.ConfigError, match="Horovod DistributedOptimizer.*plain optimizer"):
+        hethpc.Coordinator(model, wrapped(model.parameters(), lr=0.1), global_batch=16)
+    assert not hethpc.comm.is_horovod_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

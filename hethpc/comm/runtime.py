@@ -141,6 +141,14 @@ def local_size() -> int:
     return state().local_size
 
 
+def is_horovod_optimizer(optimizer: object) -> bool:
+    """Whether ``optimizer`` is wrapped by Horovod (``hvd.DistributedOptimizer``).
+
+    Read from its class, without importing Horovod.
+    """
+    return any(c.__module__.split(".")[0] == "horovod" for c in type(optimizer).__mro__)
+
+
 def abort(code: int = 1, message: str | None = None) -> None:
     """End every rank of the job now, printing ``message`` tagged with this rank.
 

@@ -90,6 +90,13 @@ class Coordinator:
             {**{k: f"Coordinator({k}=...)" for k in settings},
              "batch_size": "Coordinator(global_batch=...)"},
         )  # fmt: skip
+        if comm.is_horovod_optimizer(optimizer):
+            raise ConfigError(
+                "Coordinator got a Horovod DistributedOptimizer: it would allreduce every "
+                "gradient itself, on top of the Coordinator's sync (twice the traffic, and "
+                "SelSync/FedAvg local steps would synchronise anyway); pass the plain optimizer "
+                "(torch.optim.SGD(...) without hvd.DistributedOptimizer)"
+            )
         comm.init()
         self.model, self.optimizer = model, optimizer
         self.skip_nonfinite = skip_nonfinite
