@@ -114,6 +114,8 @@ def test_fit_refuses_unknown_and_invalid_settings(tmp_path: Path) -> None:
         hethpc.fit(nn.Linear(4, 3), _blobs(50), batch_szie=8)
     with pytest.raises(hethpc.ConfigError, match="did you mean 'test_data'"):
         hethpc.fit(nn.Linear(4, 3), _blobs(50), testdata=_blobs(10))
+    with pytest.raises(hethpc.ConfigError, match=r"\['data'\]: jobs/train.py's .* train_data"):
+        hethpc.fit(nn.Linear(4, 3), _blobs(50), data="data/mine")  # was silently ignored
     with pytest.raises(hethpc.ConfigError, match=r"lr = nan.*fit\(lr=...\)"):
         hethpc.fit(nn.Linear(4, 3), _blobs(50), lr=float("nan"))
 

@@ -152,6 +152,14 @@ def fit(
         raise ConfigError(
             f"give the settings either as config= or as keywords, not both ({sorted(settings)})"
         )
+    ignored = sorted(set(settings) & {"data", "samples", "data_seed", "cache_dir"})
+    if ignored:
+        raise ConfigError(
+            f"fit() got {ignored}: jobs/train.py's settings for the data it loads; fit trains "
+            "on train_data (and test_data): pass your arrays, Dataset or HDF5 shard directory "
+            "(e.g. fit(model, 'data/x/train', test_data='data/x/test'))",
+            key=ignored[0],
+        )
     if config is None:
         settings.setdefault("model", f"{type(model).__module__}:{type(model).__qualname__}")
         settings.setdefault("progress", True)
