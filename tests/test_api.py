@@ -186,6 +186,18 @@ def test_resuming_a_finished_fit_returns_its_final_checkpoint(tmp_path: Path) ->
     assert done is not None and again.checkpoint == done and again.summary["steps"] == 5
 
 
+def test_fit_uses_the_loss_named_in_its_config(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    y = np.zeros(40, np.float32)
+    cfg = hethpc.TrainConfig(loss="l1", batch_size=40, epochs=1, lr=1e-9, progress=False,
+                             run_dir=str(tmp_path / "run"))  # fmt: skip
+    model = nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.fill_(2.0)  # every output 2 against targets 0: l1 = 2, mse = 4
+    assert hethpc.fit(model, (x, y), config=cfg).summary["first_loss"] == pytest.approx(2.0)
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

@@ -114,7 +114,8 @@ def fit(
             squared error for targets. The summary holds it as ``test_<name>``
             (``test_acc`` for accuracy).
         config: the settings; or give them as keywords (``batch_size=256, sync="selsync"``),
-            named like :class:`~hethpc.train.TrainConfig`'s fields and validated alike.
+            named like :class:`~hethpc.train.TrainConfig`'s fields and validated alike. Its
+            ``loss``, when not the default, is used where ``loss`` is not given.
         overwrite: a fresh run may replace an earlier hethpc run in ``run_dir``.
         log: where rank 0's messages go.
 
@@ -132,6 +133,8 @@ def fit(
             f"fit(model=...) must be a torch nn.Module, got a {type(model).__name__}; wrap a "
             "function in an nn.Module whose forward calls it"
         )
+    if loss is None and config is not None and config.loss != TrainConfig().loss:
+        loss = config.loss  # a loss named in the config, as jobs/train.py would use it
     loss_name = loss if isinstance(loss, str) else None
     if isinstance(loss, str):  # a built-in name or an import path, as --loss takes
         try:
