@@ -198,6 +198,14 @@ def test_fit_uses_the_loss_named_in_its_config(tmp_path: Path) -> None:
     assert hethpc.fit(model, (x, y), config=cfg).summary["first_loss"] == pytest.approx(2.0)
 
 
+def test_resuming_fit_with_another_model_names_the_layers(tmp_path: Path) -> None:
+    args = {"batch_size": 10, "run_dir": str(tmp_path / "run"), "progress": False}
+    hethpc.fit(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)), _blobs(50), epochs=1, **args)
+    with pytest.raises(hethpc.ConfigError, match=r"model layout: 0.bias \(8,\) -> \(16,\)"):
+        hethpc.fit(nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 3)), _blobs(50), epochs=2,
+                   resume=True, resume_changes="epochs", **args)  # fmt: skip
+
+
 def test_uint8_samples_are_scaled_alike_in_evaluation() -> None:
     x, y = _blobs(100)
     raw = np.clip(x * 60 + 100, 0, 255).astype(np.uint8)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from torch import nn
 
 from hethpc import comm
 from hethpc.train.checkpoint import CheckpointManager
@@ -14,6 +17,30 @@ from hethpc.train.metrics import MetricsWriter
 from hethpc.train.state import Components, gather_state, restore_state
 from hethpc.train.tally import Tally
 from hethpc.train.watchdog import Watchdog
+
+# Differences no --resume-changes can allow.
+_FIXED = ("world size", "model layout")
+
+
+def layout_changes(saved: dict[str, Any] | None, model: nn.Module) -> list[str]:
+    """``["model layout: ..."]`` when ``model``'s parameters differ in name or shape from the
+    checkpoint's ``saved`` state dict (a fit() user's model is not named in the settings)."""
+    if not isinstance(saved, dict):
+        return []
+    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in saved.items() if hasattr(v, "shape")}
+    diffs = [
+        f"{k} {theirs.get(k, 'absent')} -> {mine.get(k, 'absent')}"
+        for k in sorted(mine.keys() | theirs.keys())
+        if mine.get(k) != theirs.get(k)
+    ]
+    if not diffs:
+        return []
+    more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+    return [
+        f"model layout: {', '.join(diffs[:3])}{more} (a checkpoint resumes only into the same "
+        "model; start a new run_dir, or overwrite this one)"
+    ]
 
 
 class RunCheckpoints:
@@ -56,17 +83,21 @@ class RunCheckpoints:
         if found is not None and self.saves_own_state and found[1]["world_size"] != size:
             changed.append(f"world size: {found[1]['world_size']} -> {size} (pipeline stages "
                            "resume only on the same layout)")  # fmt: skip
+        if found is not None and not self.saves_own_state:
+            saved = found[1]["ranks"][0].get("model", found[1].get("model"))
+            changed += layout_changes(saved, self.components.model)
         if changed:
             found = None  # not broadcast: every rank raises below
         found, changed = comm.broadcast_object((found, changed))
         if changed:
+            allowed = [c.split(":")[0] for c in changed if not c.startswith(_FIXED)]
             raise ConfigError(
                 f"--resume: these settings differ from the checkpoint's in {ckpts.directory}: "
                 + "; ".join(changed)
-                + ". Resume with the checkpoint's settings, or allow the change with "
-                + "--resume-changes "
-                + ",".join(c.split(":")[0] for c in changed if not c.startswith("world size"))
-            )
+                + ". Resume with the checkpoint's settings"
+                + (", or allow the change with --resume-changes " + ",".join(allowed)
+                   if allowed else "")
+            )  # fmt: skip
         if found is None:
             say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
         else:
