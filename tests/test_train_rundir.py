@@ -80,7 +80,8 @@ def test_overwrite_keeps_user_files_in_hethpcs_folders_and_clears_csv_and_tensor
     d = tmp_path / "run"
     claim(d, digest="a", resume=False, overwrite=False)
     ours = ["config.json", "metrics/rank0.jsonl", "checkpoints/ckpt-000000010.pt",
-            "checkpoints/ckpt-000000010.pt.sha256", "heartbeat/rank1.json",
+            "checkpoints/ckpt-000000010.pt.sha256", "checkpoints/ckpt-000000020.pt.corrupt",
+            "checkpoints/ckpt-000000020.pt.sha256.corrupt", "heartbeat/rank1.json",
             "heartbeat/stacks-rank0.txt", "csv/metrics.csv",
             "tensorboard/events.out.tfevents.1.host.2.0"]  # fmt: skip
     theirs = ["metrics/my-notes.txt", "checkpoints/pretrained.pt", "csv/mine.csv"]

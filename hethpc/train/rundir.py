@@ -15,7 +15,7 @@ OWN_FILES = ("config.json", "summary.json")
 # Its subdirectories and the names it writes there: a user's file in them stays.
 OWN_DIRS: dict[str, tuple[str, ...]] = {
     "metrics": ("rank*.jsonl",),
-    "checkpoints": ("ckpt-*.pt", "ckpt-*.pt.sha256", ".ckpt-*.tmp"),
+    "checkpoints": ("ckpt-*.pt", "ckpt-*.pt.sha256", "ckpt-*.corrupt", ".ckpt-*.tmp"),
     "heartbeat": ("rank*.json", ".rank*.json.tmp", "stacks-rank*.txt"),
     "csv": ("metrics.csv",),
     "tensorboard": ("events.out.tfevents.*",),
