@@ -53,7 +53,10 @@ def _check_same_data(train_set: Any) -> None:
             n, shape, classes = sigs[r][:3]
             return f"rank {r}: {n} samples of shape {shape}, {classes} classes"
 
-        same = "" if any(sigs[r][:3] != sigs[0][:3] for r in differ) else ", other values"
+        same = "" if any(sigs[r][:3] != sigs[0][:3] for r in differ) else (
+            ", other values: a map-style Dataset is read once into memory, so a random "
+            "transform in it must be seeded alike on every rank"
+        )
         raise DatasetError(
             f"train_data differs between ranks ({show(0)}; {'; '.join(map(show, differ))}"
             f"{same}); give every rank the whole training set, the same on each: hethpc "
