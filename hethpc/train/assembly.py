@@ -92,7 +92,8 @@ def assemble(
     )
     if spe < 1:
         raise ConfigError(
-            f"--batch-size {cfg.batch_size} is larger than the training set of {len(train_set)}"
+            f"batch_size = {cfg.batch_size} (--batch-size) is larger than the training set of "
+            f"{len(train_set)} samples; use a smaller batch"
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
     optimizer, scheduler = make_optimizer(cfg, module, total)

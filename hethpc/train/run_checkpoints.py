@@ -96,7 +96,7 @@ class RunCheckpoints:
                 + "; ".join(changed)
                 + ". Resume with the checkpoint's settings"
                 + (", or allow the change with --resume-changes " + ",".join(allowed)
-                   if allowed else "")
+                   + f" (fit: resume_changes={','.join(allowed)!r})" if allowed else "")
             )  # fmt: skip
         if found is None:
             say(f"hethpc: no checkpoint in {ckpts.directory}; starting afresh")
