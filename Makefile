@@ -20,7 +20,8 @@ demo: setup
 	    --run-dir runs/demo-baseline --batching uniform --sync bsp
 	$(PY) jobs/report.py runs/demo runs/demo-baseline
 
-## The README's test command: single-process tests, then the distributed ones on 2 and 3 ranks.
+## The README's test command: single-process tests, then the distributed ones on 2 ranks with
+## the CPU's default tensor transport (mpi4py) and on 3 ranks through Horovod.
 test: setup
 	$(MAKE) --no-print-directory test-single test-mpi
 
@@ -29,7 +30,7 @@ test-single:
 
 test-mpi:
 	$(MPIRUN) -np 2 $(PYTEST_MPI)
-	$(MPIRUN) -np 3 $(PYTEST_MPI)
+	HETHPC_TEST_TRANSPORT=horovod $(MPIRUN) -np 3 $(PYTEST_MPI)
 
 bench: setup
 	$(PY) benchmarks/run_all.py $(ARGS)

@@ -8,7 +8,10 @@ learning rate, seed and per-rank slices of the same shuffled epochs; evaluation 
 every timed scope. The contenders:
 
 - ``horovod``: a plain loop with ``hvd.DistributedOptimizer`` (per-parameter hooks, Horovod's
-  tensor fusion, the allreduce overlapping the backward pass);
+  tensor fusion, the allreduce overlapping the backward pass). With hethpc on its CPU default
+  transport (``--transport auto``: mpi4py, Horovod not started), Horovod is started for each
+  of this loop's turns and shut down after it, so each contender runs as it would alone: the
+  others never share the cores with Horovod's polling thread, and Horovod keeps it;
 - ``ddp``: the same loop with ``torch.nn.parallel.DistributedDataParallel`` over gloo
   (25 MB buckets fired by gradient hooks);
 - ``hethpc``: the same loop with a plain optimizer and ``hethpc.sync.BSP().step`` (its weight
@@ -22,6 +25,10 @@ every timed scope. The contenders:
   its step records, the first step (which rebuilds the run's buffers after the resume) counted
   at the epoch's median step time. On the large model it runs after the others.
 
+``hethpc``, ``overlap`` and ``job`` use the transport of ``--transport`` (default auto, what a
+user's CPU job gets: mpi4py); ``--transport horovod`` measures them through Horovod, which
+then runs for the whole benchmark.
+
 Two models. The small 1-D CNN of MNIST-1D (8k parameters, global batch 128, 40,000 samples):
 compute-bound, one epoch per contender in turn (``--epochs`` rounds), the median epoch time
 reported. A communication-bound one (the built-in ``large``, 7.4M parameters, 30 MB of
@@ -29,7 +36,8 @@ gradients, global batch 32): ``--rounds`` rounds of ``--steps`` steps per conten
 the median step time reported. Each ratio is the median of the rounds' own ratios (the host
 drifts 10-30 % within seconds). Beside them, the same gradient bytes through each transport
 (hethpc's flat buffer as the job's BSP step sums it, Horovod's grouped allreduce of the
-parameter list, one Horovod tensor, gloo, mpi4py): median milliseconds and GB/s.
+parameter list, one Horovod tensor, gloo, mpi4py; the Horovod rows with Horovod started, the
+others as the job runs them): median milliseconds and GB/s.
 
 Goals (issue 23): hethpc BSP at most 0.95x Horovod and 0.95x DDP per epoch (step), on both
 models; its allreduce at least 0.9x the fastest transport on the same bytes; test accuracy of
@@ -44,7 +52,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
     p.add_argument("--np", type=int, default=2, help="ranks (when relaunching)")
+    p.add_argument("--transport", default="auto", choices=("auto", "horovod", "mpi"),
+                   help="hethpc's tensor transport (hethpc, overlap and job rows)")
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.rounds, args.steps = 2, 2, 5
@@ -84,6 +95,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def say(*a: object) -> None:
     if comm.rank() == 0:
         print(*a, flush=True)
+
+
+@contextmanager
+def horovod_up() -> Iterator[None]:
+    """Horovod started for the enclosed code: started and shut down around it when hethpc's
+    transport is not Horovod (the baseline is plain Horovod, on purpose)."""
+    import horovod.torch as hvd
+
+    if comm.transport() == "horovod":
+        yield
+        return
+    hvd.init(comm=comm.runtime.state().mpi.COMM_WORLD)
+    try:
+        yield
+    finally:
+        hvd.shutdown()
 
 
 class Loop:
@@ -102,8 +129,11 @@ class Loop:
         self.net: nn.Module = self.model
         self.policy: BSP | None = None
         if kind == "horovod":
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-            opt = hvd.DistributedOptimizer(opt, named_parameters=self.model.named_parameters())
+            with horovod_up():
+                hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+                opt = hvd.DistributedOptimizer(
+                    opt, named_parameters=self.model.named_parameters()
+                )
         elif kind == "ddp":
             self.net = nn.parallel.DistributedDataParallel(self.model)
         else:
@@ -114,6 +144,12 @@ class Loop:
 
     def run(self, epoch: int, steps: range) -> float:
         """Seconds of ``steps`` of ``epoch`` (from a barrier)."""
+        if self.kind == "horovod":
+            with horovod_up():
+                return self._run(epoch, steps)
+        return self._run(epoch, steps)
+
+    def _run(self, epoch: int, steps: range) -> float:
         perm = np.random.default_rng(self.seed + epoch).permutation(len(self.data))
         rank, b, n = comm.rank(), self.batch // comm.size(), len(self.data)
         comm.barrier()
@@ -150,7 +186,7 @@ def run_job(args: argparse.Namespace, cache: str, model: str, batch: int, *, run
         samples=args.samples, cache_dir=cache, model=model, epochs=max(epochs, 1),
         max_steps=max_steps, batch_size=batch, lr=args.lr, momentum=0.9, seed=args.seed,
         sync="bsp", eval_every=0, progress=False, run_dir=run_dir, watchdog_s=300,
-        resume=resume, resume_changes="epochs" if resume else "",
+        resume=resume, resume_changes="epochs" if resume else "", transport=args.transport,
     )  # fmt: skip
     return train(cfg, overwrite=not resume, log=lambda m: None).summary
 
@@ -181,23 +217,31 @@ def transports(model: nn.Module, reps: int) -> dict[str, float]:
         # as the job's BSP step sums them: accumulated in place in the flat buffer, already
         # weighted through the loss (BSP.loss_scale), the weight check inside
         "hethpc": lambda: average_gradients_(model.parameters(), check=True, prescaled=True),
-        "horovod_grouped": lambda: hvd.grouped_allreduce_(grads, op=hvd.Average, name="b.g"),
-        "horovod_flat": lambda: hvd.allreduce_(flat, op=hvd.Average, name="b.f"),
         "gloo": lambda: dist.all_reduce(flat),
         "mpi4py": lambda: mpi.COMM_WORLD.Allreduce(mpi.IN_PLACE, buf, op=mpi.SUM),
     }
-    out: dict[str, list[float]] = {k: [] for k in ways}
-    for _ in range(reps):
-        for k, fn in ways.items():
+    with_horovod: dict[str, Callable[[], object]] = {
+        "horovod_grouped": lambda: hvd.grouped_allreduce_(grads, op=hvd.Average, name="b.g"),
+        "horovod_flat": lambda: hvd.allreduce_(flat, op=hvd.Average, name="b.f"),
+    }
+    out: dict[str, list[float]] = {k: [] for k in (*ways, *with_horovod)}
+
+    def time_each(fns: dict[str, Callable[[], object]]) -> None:
+        for k, fn in fns.items():
             comm.barrier()
             t0 = time.perf_counter()
             fn()
             out[k].append(time.perf_counter() - t0)
+
+    for _ in range(reps):
+        time_each(ways)
+        with horovod_up():
+            time_each(with_horovod)
     return {k: 1e3 * statistics.median(v) for k, v in out.items()}
 
 
 def worker(args: argparse.Namespace) -> None:
-    comm.init()
+    comm.init(transport=args.transport)
     with scratch("hethpc-bench-") as new_dir:
         measure(args, new_dir)
 
@@ -216,7 +260,9 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
     comm.barrier()
     train_set, test_set = load_mnist1d(num_samples=args.samples, seed=42, cache_dir=cache)
     say(f"bench_overhead: {comm.size()} ranks, {len(train_set)} train samples")
-    out: dict[str, object] = {"ranks": comm.size(), "quick": args.quick}
+    out: dict[str, object] = {"ranks": comm.size(), "quick": args.quick,
+                              "transport": comm.transport()}  # fmt: skip
+    say(f"hethpc's transport: {comm.transport()} (--transport {args.transport})")
 
     # The small CNN: one epoch of each contender in turn.
     say(f"\ncnn1d (8k parameters), global batch {args.batch_size}, {args.epochs} rounds of one "

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str] | None) -> int:
     """Parse, check and train; see :func:`main`."""
     cfg, args = parse_config(argv)
-    comm.init()
+    comm.init(transport=cfg.transport)
     size = comm.size()
     outside = sorted({f.rank for f in args.fault if not 0 <= f.rank < size})
     if outside:

@@ -84,3 +84,21 @@ def test_job_script_aborts_all_ranks_and_names_the_rank(tmp_path: Path, text: st
     assert proc.returncode != 0, out
     assert "[rank 1]" in out and "rank 1 fails on purpose" in out, out
     assert took < 60, f"took {took:.1f} s"
+
+
+MIXED_TRANSPORTS = '''
+import os
+from hethpc import comm
+comm.init(transport="horovod" if os.environ["OMPI_COMM_WORLD_RANK"] == "1" else "mpi")
+'''
+
+
+def test_ranks_asking_for_different_transports_are_refused_not_hung(tmp_path: Path) -> None:
+    # Rank 1 would wait in Horovod's start for a partner that never starts Horovod.
+    script = tmp_path / "mixed.py"
+    script.write_text(MIXED_TRANSPORTS)
+    proc, took = _run([sys.executable, str(script)], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "rank 0: 'mpi', rank 1: 'horovod'" in out and "--transport" in out, out
+    assert took < 60, f"took {took:.1f} s"

@@ -84,6 +84,21 @@ def test_run_writes_metrics_summary_and_checkpoints(uninterrupted: Path) -> None
     assert CheckpointManager(uninterrupted / "checkpoints").steps() == [30, 40, 50]
 
 
+def test_both_transports_train_the_same_model(
+    uninterrupted: Path, cache: Path, tmp_path: Path
+) -> None:
+    # The default on CPU ranks (auto) is mpi4py alone; Horovod must train the same model.
+    run = tmp_path / "horovod"
+    proc, _ = _launch(_args(cache, run, "--transport", "horovod"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    transports = {json.loads((r / "summary.json").read_text())["transport"]
+                  for r in (uninterrupted, run)}  # fmt: skip
+    assert transports == {"mpi", "horovod"}
+    want, got = _final(uninterrupted), _final(run)
+    for k, v in want["model"].items():
+        torch.testing.assert_close(got["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_killed_rank_ends_the_job_and_resume_is_bit_identical(
     uninterrupted: Path, cache: Path, tmp_path: Path
 ) -> None:

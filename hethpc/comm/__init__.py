@@ -3,9 +3,11 @@
 Everything that communicates takes a ``group`` argument (default: the world) and has a
 size-1 fast path, so a plain ``python`` process (world size 1) makes no collective call.
 
-Tensors go through Horovod (fused allreduce, process sets); small Python objects, numpy
-arrays, votes and point-to-point tensors go through mpi4py, whose small messages cost
-microseconds where a Horovod collective waits for its background cycle (about 1 ms).
+Tensors go through the transport chosen at :func:`init`: Horovod (fused allreduce, process
+sets; NCCL on GPUs) or mpi4py alone (``transport="mpi"``, the default of CPU-only jobs, where
+a small allreduce costs what MPI takes instead of waiting for Horovod's background cycle of
+about 1 ms). Small Python objects, numpy arrays, votes and point-to-point tensors always go
+through mpi4py.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from hethpc.comm.runtime import (
     local_size,
     rank,
     size,
+    transport,
 )
 
 __all__ = [
@@ -99,6 +102,7 @@ __all__ = [
     "send_tensor",
     "size",
     "transfers",
+    "transport",
     "world",
     "current_link",
     "link_stats",

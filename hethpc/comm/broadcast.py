@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hethpc.comm import staging
+from hethpc.comm import mpi_tensors, staging
 from hethpc.comm.collectives import _needs_staging
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.runtime import state
@@ -18,8 +18,10 @@ def broadcast_model(model: torch.nn.Module, root: int = 0, group: Group | None =
     if g.size == 1:
         return
     hvd = state().hvd
-    assert hvd is not None
     sd = model.state_dict(keep_vars=False)
+    if hvd is None:
+        mpi_tensors.broadcast_(g.mpi_comm, list(sd.values()), root)
+        return
     staged = _needs_staging(list(sd.values()))
     items = {k: (staging.host_copy(t) if staged else t) for k, t in sd.items()}
     handles = [

@@ -1,4 +1,5 @@
-"""Tensor collectives through Horovod: allreduce (blocking, in place, async, grouped).
+"""Tensor collectives through Horovod (or mpi4py with transport "mpi"): allreduce (blocking,
+in place, async, grouped).
 
 GPU tensors go to Horovod directly when it was built with GPU operations (NCCL or CUDA-aware
 MPI); otherwise they are staged through pinned host buffers reused across calls
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hethpc.comm import staging
+from hethpc.comm import mpi_tensors, staging
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
@@ -83,7 +84,8 @@ def allreduce(
     if g.size == 1:
         return tensor * prescale if prescale != 1.0 else tensor.clone()
     hvd = state().hvd
-    assert hvd is not None
+    if hvd is None:
+        return allreduce_(tensor.detach().clone(), op, prescale=prescale, group=g, name=name)
     if _needs_staging([tensor]):
         host = staging.host_copy(tensor)
         allreduce_(host, op, prescale=prescale, group=g, name=name)  # emulated there
@@ -114,9 +116,13 @@ def allreduce_(
     g = resolve(group)
     if g.size == 1:
         return tensor.mul_(prescale) if prescale != 1.0 else tensor
-    hvd = state().hvd
-    assert hvd is not None
+    st = state()
     t0 = time.perf_counter()
+    hvd = st.hvd
+    if hvd is None:
+        mpi_tensors.allreduce_(st.mpi, g.mpi_comm, tensor, op.value, prescale)
+        emulate_collective(t0, "allreduce", _nbytes([tensor]), g.size)
+        return tensor
     staged = _needs_staging([tensor])
     target = staging.host_copy(tensor) if staged else tensor
     hvd.allreduce_(
@@ -144,7 +150,10 @@ class Pending:
         """Block until the result is in the tensor (under link emulation, at least as long
         after the start as on the emulated link); returns the tensor."""
         if self._handle is not None:
-            state().hvd.synchronize(self._handle)
+            if isinstance(self._handle, mpi_tensors.Request):
+                self._handle.wait()
+            else:
+                state().hvd.synchronize(self._handle)
             self._handle = None
             if self._target is not self._tensor:
                 staging.copy_back(self._tensor, self._target)
@@ -175,8 +184,11 @@ def allreduce_async_(
     t0 = time.perf_counter()
     if g.size == 1:
         return Pending(tensor, tensor, None, t0, g)
-    hvd = state().hvd
-    assert hvd is not None
+    st = state()
+    hvd = st.hvd
+    if hvd is None:
+        request = mpi_tensors.allreduce_async_(st.mpi, g.mpi_comm, tensor, op.value)
+        return Pending(tensor, tensor, request, t0, g)
     target = staging.host_copy(tensor) if _needs_staging([tensor]) else tensor
     handle = hvd.allreduce_async_(target, op=_hvd_op(op), process_set=g.process_set, name=name)
     return Pending(tensor, target, handle, t0, g)
@@ -197,8 +209,7 @@ def grouped_allreduce(
     if not tensors:
         return []
     hvd = state().hvd
-    assert hvd is not None
-    if _needs_staging(tensors):
+    if hvd is None or _needs_staging(tensors):
         outs = [t.detach().clone() for t in tensors]
         return grouped_allreduce_(outs, op, prescale=prescale, group=g, name=name)
     t0 = time.perf_counter()

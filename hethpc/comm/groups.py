@@ -90,7 +90,9 @@ def new_group(ranks: Sequence[int]) -> Group:
     wc = mpi.COMM_WORLD
     comm = wc.Create(wc.Get_group().Incl(list(members)))
     key = tuple(sorted(members))
-    if key == tuple(range(st.size)):
+    if st.hvd is None:  # transport "mpi": the communicator carries everything
+        ps = None
+    elif key == tuple(range(st.size)):
         ps = st.hvd.global_process_set
     elif key in _process_sets:
         ps = _process_sets[key]

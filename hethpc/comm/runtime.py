@@ -30,7 +30,8 @@ class _State:
     local_rank: int
     local_size: int
     mpi: Any  # the mpi4py.MPI module, or None in a plain process
-    hvd: Any  # horovod.torch, or None in a plain process
+    hvd: Any  # horovod.torch, or None in a plain process and with transport "mpi"
+    transport: str = "horovod"
 
 
 _state: _State | None = None
@@ -45,8 +46,25 @@ def _launched_by_mpi() -> bool:
     return "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
 
-def init() -> None:
-    """Start MPI (with ``MPI_THREAD_MULTIPLE``) and Horovod; idempotent.
+TRANSPORTS = ("auto", "horovod", "mpi")
+
+
+def init(*, transport: str | None = None) -> None:
+    """Start MPI (with ``MPI_THREAD_MULTIPLE``) and the tensor transport; idempotent.
+
+    ``transport`` carries the tensor collectives (allreduce, broadcast of a model):
+
+    - ``"horovod"``: Horovod's fused allreduce in its background thread (NCCL on GPUs);
+    - ``"mpi"``: mpi4py alone, Horovod never started (:mod:`hethpc.comm.mpi_tensors`). On CPU
+      ranks an allreduce then costs what MPI takes instead of waiting for Horovod's cycle
+      (about 1 ms), and MPI keeps the bandwidth Horovod's polling thread takes from it
+      (``benchmarks/bench_comm.py``, ``bench_overhead.py``);
+    - ``"auto"``: ``"horovod"`` when any rank sees a GPU, else ``"mpi"``.
+
+    None: the one started already, else ``"auto"``. Every rank must ask for the same one
+    (checked: a mismatch is refused on every rank instead of hanging in Horovod's start). A
+    later call naming another transport than the one started is refused; ``"auto"`` and None
+    accept the one started.
 
     Under ``mpirun``/``mpiexec``/``srun`` every rank joins the world, and with more than one
     rank an uncaught exception then ends every rank (:func:`abort_on_exception`, unless
@@ -54,10 +72,22 @@ def init() -> None:
     the world has size 1 and no collective is ever called.
 
     Raises:
-        CommError: MPI cannot give ``MPI_THREAD_MULTIPLE``, or Horovod lacks MPI support.
+        CommError: an unknown transport, ranks asking for different ones, a switch after the
+            start, MPI without ``MPI_THREAD_MULTIPLE``, or Horovod without MPI support.
     """
     global _state
+    if transport is not None and transport not in TRANSPORTS:
+        raise CommError(
+            f"transport {transport!r} is not one of {list(TRANSPORTS)} (the transport setting, "
+            "--transport)"
+        )
     if _state is not None:
+        if _state.size > 1 and transport not in (None, "auto", _state.transport):
+            raise CommError(
+                f"hethpc.comm was started with transport {_state.transport!r}; it cannot "
+                f"switch to {transport!r} in the same process: ask for it at the first "
+                "hethpc.comm.init() (or leave transport at 'auto')"
+            )
         return
     if not _launched_by_mpi():
         _state = _State(rank=0, size=1, local_rank=0, local_size=1, mpi=None, hvd=None)
@@ -83,15 +113,19 @@ def init() -> None:
             "'ompi_info | grep -i thread' must list MPI_THREAD_MULTIPLE: yes), and do not set "
             "mpi4py.rc.thread_level to a lower level before hethpc.comm.init()."
         )
-    import horovod.torch as hvd
-
-    if not hvd.mpi_built():
-        raise CommError(
-            "Horovod was built without MPI support; rebuild it with HOROVOD_WITH_MPI=1 "
-            "(scripts/setup.sh does this)."
-        )
     world_comm = MPI.COMM_WORLD
-    hvd.init(comm=world_comm, process_sets="dynamic")
+    transport = _agree_transport(world_comm, transport or "auto")
+    hvd: Any = None
+    if transport == "horovod":
+        import horovod.torch
+
+        hvd = horovod.torch
+        if not hvd.mpi_built():
+            raise CommError(
+                "Horovod was built without MPI support; rebuild it with HOROVOD_WITH_MPI=1 "
+                "(scripts/setup.sh does this)."
+            )
+        hvd.init(comm=world_comm, process_sets="dynamic")
     node_comm = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
     _state = _State(
         rank=world_comm.Get_rank(),
@@ -100,12 +134,39 @@ def init() -> None:
         local_size=node_comm.Get_size(),
         mpi=MPI,
         hvd=hvd,
+        transport=transport,
     )
     node_comm.Free()
     if _state.size > 1 and sys.excepthook is sys.__excepthook__:
         # A user's script (hethpc.fit, a Coordinator loop) that raises on one rank would
         # otherwise hang: at exit MPI_Finalize waits for the ranks still in a collective.
         sys.excepthook = _abort_hook
+
+
+def _agree_transport(world_comm: Any, asked: str) -> str:
+    """The transport every rank starts (one allgather): ``asked``, with ``"auto"`` resolved
+    the same on every rank; ranks asking for different ones are refused on every rank."""
+    import torch
+
+    gpu = asked == "auto" and torch.cuda.is_available()
+    views = world_comm.allgather((asked, gpu))
+    kinds = sorted({a for a, _ in views})
+    if len(kinds) > 1:
+        which = ", ".join(f"rank {r}: {a!r}" for r, (a, _) in enumerate(views))
+        raise CommError(
+            f"the ranks asked for different transports ({which}); every rank must use the same "
+            "transport setting (--transport)"
+        )
+    if asked != "auto":
+        return asked
+    return "horovod" if any(g for _, g in views) else "mpi"
+
+
+def transport() -> str:
+    """The transport that carries tensor collectives: ``"horovod"`` or ``"mpi"`` (see
+    :func:`init`); ``"none"`` in a world of size 1, which makes no collective call."""
+    st = state()
+    return st.transport if st.size > 1 else "none"
 
 
 def is_initialized() -> bool:

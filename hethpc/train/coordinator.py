@@ -52,7 +52,7 @@ class Coordinator:
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
             ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
             ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
-            ``slowdown_mode``.
+            ``slowdown_mode``, ``transport``.
 
     Raises:
         ConfigError: a setting is invalid, naming it.
@@ -63,7 +63,7 @@ class Coordinator:
         "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "staleness",
         "outer_optimizer",
         "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
-        "slowdown", "slowdown_mode",
+        "slowdown", "slowdown_mode", "transport",
     })  # fmt: skip
 
     def __init__(
@@ -97,7 +97,7 @@ class Coordinator:
                 "SelSync/FedAvg local steps would synchronise anyway); pass the plain optimizer "
                 "(torch.optim.SGD(...) without hvd.DistributedOptimizer)"
             )
-        comm.init()
+        comm.init(transport=self.config.transport)
         self.model, self.optimizer = model, optimizer
         self.skip_nonfinite = skip_nonfinite
         check_same_model(model)

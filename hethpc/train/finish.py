@@ -64,6 +64,7 @@ def summarize(
         "final_loss": float(first_last[1]) if done else None,
         "final_batch_sizes": [int(s) for s in np.asarray(run.controller.batch_sizes)],
         "world_size": size,
+        "transport": comm.transport(),
         **(
             {"link": cfg.link, "comm_real_s": emulated.real_s,
              "comm_emulated_wait_s": emulated.waited_s}

@@ -175,7 +175,7 @@ def fit(
         )  # fmt: skip
     else:
         cfg = config
-    comm.init()
+    comm.init(transport=cfg.transport)
     run_dir = start_run(cfg, overwrite=overwrite, log=log)
     train_set = as_dataset(train_data, name="train_data")
     test_set = as_dataset(test_data, name="test_data") if test_data is not None else None

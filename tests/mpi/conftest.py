@@ -1,7 +1,8 @@
 """Distributed test harness: every rank runs the same tests; one failure ends them all.
 
-Run with ``scripts/mpirun.sh -np N .venv/bin/python -m mpi4py -m pytest tests/mpi``. Under
-plain ``pytest`` the same tests run as a world of size 1.
+Run with ``scripts/mpirun.sh -np N .venv/bin/python -m mpi4py -m pytest tests/mpi``, with
+``HETHPC_TEST_TRANSPORT=horovod`` or ``mpi`` to choose the tensor transport (default: auto).
+Under plain ``pytest`` the same tests run as a world of size 1.
 
 A test that fails on one rank while the others go on would leave them waiting in the next
 collective; so a failure on any rank aborts the job (after printing the report), and the
@@ -10,6 +11,7 @@ per-test timeout (thread method: the signal method cannot interrupt MPI calls) e
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -19,7 +21,9 @@ from hethpc import comm
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    comm.init()
+    # The Makefile runs these tests once per transport (HETHPC_TEST_TRANSPORT): "auto" is
+    # mpi4py alone on these CPU ranks, "horovod" starts Horovod.
+    comm.init(transport=os.environ.get("HETHPC_TEST_TRANSPORT") or None)
     if comm.rank() != 0:
         # Only rank 0 speaks; the others report their failures through the abort below.
         reporter = config.pluginmanager.getplugin("terminalreporter")

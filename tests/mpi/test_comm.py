@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,21 @@ def test_init_is_idempotent(world: tuple[int, int]) -> None:
     comm.init()
     assert (comm.rank(), comm.size()) == world
     assert 0 <= comm.local_rank() < comm.local_size() <= comm.size()
+
+
+def test_transport_is_the_one_asked_for(world: tuple[int, int]) -> None:
+    asked = os.environ.get("HETHPC_TEST_TRANSPORT") or "auto"
+    want = {"auto": "horovod" if torch.cuda.is_available() else "mpi"}.get(asked, asked)
+    st = comm.runtime.state()
+    if world[1] == 1:
+        assert comm.transport() == "none"
+        return
+    assert comm.transport() == want
+    assert (st.hvd is None) == (want == "mpi")  # the mpi transport never starts Horovod
+    comm.init(transport="auto")  # auto accepts the one started
+    other = "horovod" if want == "mpi" else "mpi"
+    with pytest.raises(comm.CommError, match=f"started with transport '{want}'"):
+        comm.init(transport=other)
 
 
 def test_barrier(world: tuple[int, int]) -> None:
