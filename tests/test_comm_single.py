@@ -44,3 +44,28 @@ def test_size_one_fast_paths() -> None:
     assert comm.broadcast_object(5) == 5
     with pytest.raises(comm.CommError, match="single rank"):
         comm.send_tensor(x, 1)
+
+
+@pytest.mark.parametrize(
+    ("views", "want"),
+    [
+        ([("auto", False, True), ("auto", False, True)], "mpi"),  # CPU ranks
+        ([("auto", True, True), ("auto", True, True)], "horovod"),  # GPU ranks with Horovod
+        ([("auto", False, True), ("auto", True, True)], "horovod"),  # a GPU on some rank
+        ([("auto", True, True), ("auto", True, False)], "mpi"),  # Horovod missing on a rank
+        ([("horovod", False, True)] * 3, "horovod"),
+        ([("mpi", True, True)] * 2, "mpi"),
+    ],
+)
+def test_transport_choice(views: list[tuple[str, bool, bool]], want: str) -> None:
+    assert comm.runtime.choose_transport(views) == want
+
+
+def test_ranks_asking_for_different_transports_are_named() -> None:
+    with pytest.raises(comm.CommError, match=r"rank 0: 'mpi', rank 1: 'auto'.*--transport"):
+        comm.runtime.choose_transport([("mpi", False, True), ("auto", False, True)])
+
+
+def test_an_unknown_transport_names_the_setting() -> None:
+    with pytest.raises(comm.CommError, match=r"'nccl' is not one of .*--transport"):
+        comm.init(transport="nccl")

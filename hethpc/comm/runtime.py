@@ -59,7 +59,8 @@ def init(*, transport: str | None = None) -> None:
       ranks an allreduce then costs what MPI takes instead of waiting for Horovod's cycle
       (about 1 ms), and MPI keeps the bandwidth Horovod's polling thread takes from it
       (``benchmarks/bench_comm.py``, ``bench_overhead.py``);
-    - ``"auto"``: ``"horovod"`` when any rank sees a GPU, else ``"mpi"``.
+    - ``"auto"``: ``"horovod"`` when any rank sees a GPU and every rank has Horovod
+      installed, else ``"mpi"``.
 
     None: the one started already, else ``"auto"``. Every rank must ask for the same one
     (checked: a mismatch is refused on every rank instead of hanging in Horovod's start). A
@@ -144,22 +145,37 @@ def init(*, transport: str | None = None) -> None:
 
 
 def _agree_transport(world_comm: Any, asked: str) -> str:
-    """The transport every rank starts (one allgather): ``asked``, with ``"auto"`` resolved
-    the same on every rank; ranks asking for different ones are refused on every rank."""
+    """The transport every rank starts: each rank's view, allgathered, then
+    :func:`choose_transport` (the same answer on every rank)."""
+    import importlib.util
+
     import torch
 
     gpu = asked == "auto" and torch.cuda.is_available()
-    views = world_comm.allgather((asked, gpu))
-    kinds = sorted({a for a, _ in views})
+    has_horovod = asked != "auto" or importlib.util.find_spec("horovod") is not None
+    return choose_transport(world_comm.allgather((asked, gpu, has_horovod)))
+
+
+def choose_transport(views: list[tuple[str, bool, bool]]) -> str:
+    """The transport of a world whose rank ``r`` asked for ``views[r] = (asked, sees_gpu,
+    has_horovod)``: the one asked, with ``"auto"`` resolved to ``"horovod"`` when a rank sees
+    a GPU and every rank has Horovod installed, else ``"mpi"`` (a GPU machine without Horovod
+    stages CUDA tensors through the host).
+
+    Raises:
+        CommError: the ranks asked for different transports (named per rank).
+    """
+    kinds = sorted({a for a, _, _ in views})
     if len(kinds) > 1:
-        which = ", ".join(f"rank {r}: {a!r}" for r, (a, _) in enumerate(views))
+        which = ", ".join(f"rank {r}: {a!r}" for r, (a, _, _) in enumerate(views))
         raise CommError(
             f"the ranks asked for different transports ({which}); every rank must use the same "
             "transport setting (--transport)"
         )
-    if asked != "auto":
-        return asked
-    return "horovod" if any(g for _, g in views) else "mpi"
+    if kinds[0] != "auto":
+        return kinds[0]
+    gpus = any(g for _, g, _ in views)
+    return "horovod" if gpus and all(h for _, _, h in views) else "mpi"
 
 
 def transport() -> str:
