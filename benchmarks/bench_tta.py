@@ -103,7 +103,7 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     kw: dict[str, Any] = {
         "model": "cnn1d_wide", "samples": args.samples, "epochs": args.epochs,
         "batch_size": 128, "lr": 0.05, "seed": 0, "progress": False, "eval_every": 1,
-        "slowdown": scenario["compute"], "link": scenario["link"], "b_min": 16,
+        "slowdown": scenario["compute"], "link": scenario["link"],
         "watchdog_s": 120.0,
     }  # fmt: skip
     if scenario["data"] == "skew":

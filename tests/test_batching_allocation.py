@@ -163,3 +163,11 @@ def test_deadband_errors(old: list[int], new: list[int], band: float, match: str
 def test_default_min_batch_is_a_quarter_of_the_uniform_share(B: int, n: int, expected: int) -> None:
     assert default_min_batch(B, n) == expected
     assert n * default_min_batch(B, n) <= B  # always leaves room to allocate
+
+
+@pytest.mark.parametrize(
+    ("B", "n", "expected"), [(128, 2, 8), (128, 1, 16), (256, 8, 4), (10, 4, 1)],
+    ids=["bench-tta", "one-rank", "eight-ranks", "at-least-one"],
+)  # fmt: skip
+def test_default_min_batch_on_iid_data_is_an_eighth(B: int, n: int, expected: int) -> None:
+    assert default_min_batch(B, n, skewed=False) == expected

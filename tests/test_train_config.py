@@ -172,12 +172,14 @@ def test_a_setting_unknown_to_an_old_checkpoint_counts_only_off_its_default() ->
 @pytest.mark.parametrize(
     ("kw", "floor"),
     [
-        ({"batching": "dynamic"}, 32),
+        ({"batching": "dynamic"}, 16),
+        ({"batching": "dynamic", "partition": "labels"}, 32),
         ({"batching": "dynamic", "b_min": 5}, 5),
         ({"batching": "static", "weights": "1"}, 1),
         ({"batching": "uniform"}, 1),
     ],
-    ids=["dynamic-auto", "dynamic-explicit", "static-keeps-its-weights", "uniform"],
+    ids=["dynamic-auto-iid", "dynamic-auto-skewed", "dynamic-explicit",
+         "static-keeps-its-weights", "uniform"],
 )
 def test_the_controllers_smallest_batch(kw: dict, floor: int) -> None:
     ctl = make_controller(TrainConfig(batch_size=128, **kw))  # one process: one replica

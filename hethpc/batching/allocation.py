@@ -31,18 +31,21 @@ def _bounds(name: str, value: Bound, n: int, default: int | None) -> list[int] |
     return values
 
 
-def default_min_batch(global_batch: int, world_size: int) -> int:
+def default_min_batch(global_batch: int, world_size: int, *, skewed: bool = True) -> int:
     """The smallest batch dynamic batching gives a rank by default: a quarter of its uniform
-    share, at least 1 (``128`` over 2 ranks: 16).
+    share on label-skewed partitions (``skewed``), an eighth otherwise, at least 1 (``128``
+    over 2 ranks: 16 and 8).
 
-    Below it a rank's step time is mostly fixed cost (dispatch, the optimizer step), so a
-    smaller batch barely speeds it up, while its data, and on a label-skewed partition its
-    labels, lose their weight in the gradient and in the parameter averages: the README's
-    label-skewed SelSync job with a 2x slower rank ended at 10 % with sizes 126 / 2 and at
-    85.6 % with this floor (110 / 18; BSP 89.7 %). Up to about 4x slower ranks are balanced
-    fully above it.
+    Below a few samples a rank's step time is mostly fixed cost (dispatch, the optimizer step),
+    so a smaller batch barely speeds it up. On a label-skewed partition its labels also lose
+    their weight in the gradient and in the parameter averages: the README's label-skewed
+    SelSync job with a 2x slower rank ended at 10 % with sizes 126 / 2 and at 85.6 % with the
+    quarter (110 / 18; BSP 89.7 %). On IID data the weighting is exact at any size, and the
+    quarter bound the balance: one rank 3x slower on ``bench_tta``'s model balances at about
+    [116, 12] (each rank's fixed cost about 1.2 ms a step, 0.03 ms a sample), which a floor of
+    16 held at [112, 16] (5.8 ms steps against 5.4).
     """
-    return max(1, int(global_batch) // (4 * int(world_size)))
+    return max(1, int(global_batch) // ((4 if skewed else 8) * int(world_size)))
 
 
 def uniform_sizes(global_batch: int, world_size: int) -> np.ndarray:

@@ -187,8 +187,9 @@ class TrainConfig:
     b_min: int = _f(
         0,
         "dynamic batching: smallest batch of a rank; 0 (auto): a quarter of its uniform share "
-        "(batch_size / replicas / 4, at least 1), below which its step is mostly fixed cost "
-        "and its data, on label-skewed partitions its labels, lose their weight",
+        "on label-skewed partitions (--partition labels or dirichlet), where a smaller batch "
+        "takes the weight from its labels, and an eighth otherwise (batch_size / replicas / 4 "
+        "or / 8, at least 1), below which its step is mostly fixed cost",
     )
     slowdown: str = _f("", "emulated slow ranks, 'rank:factor@step,...' e.g. '1:2@0'")
     link: str = _f(

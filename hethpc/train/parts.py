@@ -156,7 +156,9 @@ def make_controller(
             "data-parallel rank(s) share the global batch; give one weight per rank",
             key="weights",
         )
-    auto = default_min_batch(cfg.batch_size, replicas) if cfg.batching == "dynamic" else 1
+    skewed = cfg.partition in ("labels", "dirichlet")
+    auto = default_min_batch(cfg.batch_size, replicas, skewed=skewed) if (
+        cfg.batching == "dynamic") else 1  # fmt: skip
     floor = cfg.b_min or auto  # explicit static weights are never overridden
     return BatchController(
         cfg.batch_size,
