@@ -198,9 +198,14 @@ def plot(name: str, scen: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    # One colour per method (the default cycle repeats after ten); the baseline in black.
+    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
+    palette += [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 1]
+    others = iter(palette)
     for m, r in scen["methods"].items():
         ts, accs = zip(*r["curve"], strict=True) if r["curve"] else ((), ())
-        ax.plot(ts, [100 * a for a in accs], marker="o", ms=3, label=m)
+        style = {"color": "black", "lw": 2.0} if m == "bsp" else {"color": next(others)}
+        ax.plot(ts, [100 * a for a in accs], marker="o", ms=3, label=m, **style)
     ax.axhline(100 * scen["target"], color="grey", lw=0.8, ls="--", label="BSP final - 0.5")
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("test accuracy of the averaged model (%)")
