@@ -7,7 +7,9 @@ Started as a plain process it relaunches itself under ``scripts/mpirun.sh -np 2`
 scenario fixes the compute (equal ranks, or rank 1 emulated 2x or 3x slower: ``--slowdown``),
 the link (shared memory, or an emulated slow link: ``--link``) and the data (IID, or label skew
 with 6 of 10 MNIST-1D digits per rank). In each, every method trains the same model
-(``cnn1d_wide``) from the same seed for the same epoch budget, in ``hethpc.train.train``:
+(``cnn1d_wide``) from the same seed for the same epoch budget and learning-rate schedule
+(``wsd``: constant 0.05, then down to 0 over the last 20 % of the steps, so a run's final
+accuracy no longer moves by a point with its last steps' noise), in ``hethpc.train.train``:
 
 - ``bsp``: uniform batches, gradients averaged every step (the baseline);
 - ``dynamic``: dynamic batching, BSP;
@@ -102,7 +104,8 @@ def settings(method: str, scenario: dict[str, str], args: argparse.Namespace) ->
     """The TrainConfig fields of one method in one scenario."""
     kw: dict[str, Any] = {
         "model": "cnn1d_wide", "samples": args.samples, "epochs": args.epochs,
-        "batch_size": 128, "lr": 0.05, "seed": 0, "progress": False, "eval_every": 1,
+        "batch_size": 128, "lr": 0.05, "lr_schedule": "wsd", "seed": 0, "progress": False,
+        "eval_every": 1,
         "slowdown": scenario["compute"], "link": scenario["link"],
         "watchdog_s": 120.0,
     }  # fmt: skip

@@ -94,7 +94,10 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD momentum")
     weight_decay: float = _f(0.0, "L2 weight decay")
     lr_schedule: str = _f(
-        "constant", "learning-rate schedule over all steps", choices=("constant", "cosine", "step")
+        "constant",
+        "learning-rate schedule over all steps: constant, cosine, step (x0.1 at each third), "
+        "or wsd (constant, then down in a straight line to 0 over the last 20 % of the steps)",
+        choices=("constant", "cosine", "step", "wsd"),
     )
     seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
     # Synchronisation
