@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from hethpc.comm.runtime import TRANSPORTS
 from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
 
@@ -174,7 +175,7 @@ class TrainConfig:
         "Horovod), horovod (fused allreduces in its background thread; NCCL on GPUs), or "
         "auto: horovod when a rank sees a GPU and Horovod is installed, else mpi "
         "(docs/launching.md)",
-        choices=("auto", "horovod", "mpi"),
+        choices=TRANSPORTS,
         operational=True,
     )
     # Batching

@@ -33,6 +33,12 @@ def averages_while_training(cfg: TrainConfig) -> bool:
     params, fedavg), where the optimizer's state can be averaged with them."""
     return cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
 
+def label_skewed(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s partition gives ranks different labels (``labels``, ``dirichlet``),
+    where the auto settings guard each rank's labels."""
+    return cfg.partition in ("labels", "dirichlet")
+
+
 def check_type(name: str, value: Any, kind: str) -> Any:
     """``value`` as setting ``name`` of type ``kind`` (``bool|int|float|str``), or an error.
 

@@ -15,6 +15,7 @@ from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError
 from hethpc.train.build import check_outputs, sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
+from hethpc.train.config_rules import label_skewed
 from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
 from hethpc.train.loop import RunResult, run_training
@@ -186,7 +187,7 @@ def fit(
     regression = _regression(train_set)
     if test_set is not None:
         _check_test_data(train_set, test_set, regression)
-    if regression and cfg.partition in ("labels", "dirichlet"):
+    if regression and label_skewed(cfg):
         raise ConfigError(
             f"partition = {cfg.partition!r} splits by class label, but train_data has "
             "floating-point regression targets; use partition 'iid' or 'seldp'"

@@ -31,7 +31,7 @@ from hethpc.data import (
 from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy
 from hethpc.sync import make_policy as _make_sync_policy
 from hethpc.train.config import TrainConfig
-from hethpc.train.config_rules import averages_while_training
+from hethpc.train.config_rules import averages_while_training, label_skewed
 from hethpc.train.errors import ConfigError
 
 
@@ -114,7 +114,7 @@ def make_rebalancer(
     """The batch rebalancer, ``rebalance`` with auto resolved (on for unequal batches over a
     label-skewed partition when gradients are averaged every step: bsp, or selsync with
     aggregation grads); None when off or on IID data."""
-    skewed = cfg.partition in ("labels", "dirichlet") and partition_lengths is not None
+    skewed = label_skewed(cfg) and partition_lengths is not None
     unequal = cfg.batching in ("dynamic", "static")
     auto = cfg.rebalance == "auto" and skewed and unequal and cfg.pipeline_stages == 1
     # Only where gradients are averaged every step: with local steps between parameter
@@ -156,9 +156,9 @@ def make_controller(
             "data-parallel rank(s) share the global batch; give one weight per rank",
             key="weights",
         )
-    skewed = cfg.partition in ("labels", "dirichlet")
-    auto = default_min_batch(cfg.batch_size, replicas, skewed=skewed) if (
-        cfg.batching == "dynamic") else 1  # fmt: skip
+    auto = 1
+    if cfg.batching == "dynamic":
+        auto = default_min_batch(cfg.batch_size, replicas, skewed=label_skewed(cfg))
     floor = cfg.b_min or auto  # explicit static weights are never overridden
     return BatchController(
         cfg.batch_size,
@@ -183,7 +183,7 @@ NON_IID_MAX_LOCAL_STEPS = 3
 def staleness_bound(cfg: TrainConfig) -> int | None:
     """SelSync's bound on local steps in a row: ``max_local_steps`` with -1 resolved."""
     if cfg.max_local_steps == -1:
-        return NON_IID_MAX_LOCAL_STEPS if cfg.partition in ("labels", "dirichlet") else None
+        return NON_IID_MAX_LOCAL_STEPS if label_skewed(cfg) else None
     return cfg.max_local_steps or None
 
 
@@ -194,7 +194,7 @@ def drift_correction(cfg: TrainConfig) -> DriftCorrection | None:
     averages = cfg.sync in ("fedavg", "local") or (
         cfg.sync == "selsync" and cfg.aggregation == "params"
     )
-    skewed = cfg.partition in ("labels", "dirichlet")
+    skewed = label_skewed(cfg)
     on = cfg.drift_correction == "on" or (cfg.drift_correction == "auto" and skewed)
     return DriftCorrection(cfg.drift_smoothing) if on and averages else None
 
@@ -205,7 +205,7 @@ def averages_optimizer_state(cfg: TrainConfig) -> bool:
     aggregation params, fedavg). Auto is on for label-skewed partitions, unless the ranks take
     different numbers of local steps between averages (``inner_steps`` speed): averaging
     momenta built over unequal rounds measured worse (``docs/sync.md``)."""
-    skewed = cfg.partition in ("labels", "dirichlet")
+    skewed = label_skewed(cfg)
     mode = cfg.average_optimizer_state
     auto = skewed and cfg.inner_steps == "fixed"
     return averages_while_training(cfg) and (mode == "on" or (mode == "auto" and auto))
