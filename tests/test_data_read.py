@@ -196,6 +196,23 @@ def test_direct_reads_only_for_verified_uncompressed_shards(
     assert (ds._mapped.region is not None) == (compression is None)
 
 
+def test_mapped_shards_start_on_2mib_boundaries(
+    data: tuple[Path, np.ndarray, np.ndarray],
+) -> None:
+    # Each shard file lies at an address that agrees with its file offsets modulo 2 MiB, as
+    # numpy.memmap's own mapping does, so the kernel may map a large cached folio per fault.
+    path, x, _ = data
+    ds = open_dataset(path)
+    idx = np.arange(N)
+    np.testing.assert_array_equal(ds.read_window(idx)[0], x[idx])
+    region = ds._mapped.region
+    assert region is not None and all(region.mapped)
+    base = region.data.ctypes.data
+    assert [(base + int(s)) % (2 << 20) for s in region.starts] == [0] * len(region.starts)
+    assert all(int(b) - int(a) >= size for a, b, size in
+               zip(region.starts[:-1], region.starts[1:], region.sizes, strict=True))
+
+
 def test_direct_reads_after_fork_pickle_and_close_and_from_threads(
     data: tuple[Path, np.ndarray, np.ndarray],
 ) -> None:
