@@ -24,7 +24,8 @@ Measures samples/s for a few batch sizes, side by side in one run:
           ``torch_h5py_2w``; timed from the first batch, so without the workers' start);
   naive:  a torch Dataset reading one sample per ``__getitem__`` from h5py, through a shuffling
           DataLoader (what users write first).
-All read the same files after one warm-up pass (the page cache then holds them), the same
+All read the same files after one warm-up pass (the page cache then holds them; by default each
+file is first dropped from it and read back, so all enter it the same way: --cache), the same
 float32 samples stored with the Fletcher32 filter, single-threaded (the forced prefetch thread
 and the torch workers aside); batches become torch tensors, labels included. The machine is
 shared, so every method but naive is measured in --rounds alternating rounds and each
@@ -54,6 +55,7 @@ from hethpc.data import (
     ShardedDataset,
     block_shuffle,
     open_dataset,
+    sha256_file,
     write_dataset,
 )
 from hethpc.data.sources import synthetic_pieces
@@ -74,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--naive-seconds", type=float, default=6.0, help="time per naive measurement")
     p.add_argument("--torch-seconds", type=float, default=3.0,
                    help="time per torch DataLoader measurement (each round, each worker count)")
+    p.add_argument("--cache", choices=("reread", "as-written"), default="reread",
+                   help="reread: drop every file from the page cache and read it back in "
+                        "before measuring (the same state for all); as-written: keep what "
+                        "writing them left")
     p.add_argument("--quick", action="store_true", help="about a minute: fewer bytes per point")
     return p.parse_args(argv)
 
@@ -119,12 +125,29 @@ def ensure_flat(ds: ShardedDataset) -> Path:
     return path
 
 
-def warm(ds: ShardedDataset, flat: Path) -> None:
-    """Read every file once, so each method reads from the same (cached) state."""
+def warm(ds: ShardedDataset, flat: Path, reread: bool) -> None:
+    """Read every file once, so each method reads from the same (cached) state.
+
+    With ``reread``, each file is first written back and dropped from the page cache
+    (``posix_fadvise(DONTNEED)``), then read back in as ``open_dataset``'s sha256 check reads
+    shards (``sha256_file``: through a memory map advised ``MADV_HUGEPAGE``): every file, the
+    flat copy included, enters the cache the same way, as at the start of a job. Without it,
+    files written just now stay as their writes left them: the kernel's page-cache folios then
+    follow each writer's pattern (HDF5's chunk by chunk, the flat copy's one pass), and so do
+    the page faults of a gather (``benchmarks/NOTES.md``)."""
     for p in [ds.root / s.file for s in ds.manifest.shards] + [flat]:
-        with open(p, "rb") as f:
-            while f.read(1 << 24):
-                pass
+        if reread:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            sha256_file(p)
+        else:
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
 
 
 def epoch_order(ds: ShardedDataset) -> np.ndarray:
@@ -304,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(s.num_bytes for s in ds.manifest.shards)
     flat = ensure_flat(ds)
     print(f"dataset: {len(ds)} samples, {size / 1e9:.2f} GB, chunk {ds.chunk_samples} samples, "
-          f"{len(ds.manifest.shards)} shards; warming the page cache", flush=True)
-    warm(ds, flat)
+          f"{len(ds.manifest.shards)} shards; warming the page cache ({args.cache})",
+          flush=True)
+    warm(ds, flat, args.cache == "reread")
     budget = int(args.read_mb * 1e6 / sample_bytes)
     t0 = time.perf_counter()
     order = epoch_order(ds)
@@ -356,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "loader_vs_torch_h5py_0w": round(big["loader"] / big["torch_h5py_0w"], 1),
         "loader_vs_torch_h5py_2w": round(big["loader"] / big["torch_h5py_2w"], 1),
         "goal_vs_memmap_shuffled": 0.9,
+        "page_cache": args.cache,
         "vs_memmap_shuffled_by_batch": {
             str(b): round(r["loader"] / r["memmap_shuffled"], 3) for b, r in rows.items()},
         "vs_memmap_shuffled_each_round": {str(b): v for b, v in spread.items()},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -52,6 +53,16 @@ def test_round_trip_streams_into_shards(tmp_path: Path, compression: str | None)
         assert f["x"].compression == compression
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert manifest["shards"][0]["label_counts"] == np.bincount(y[:200], minlength=5).tolist()
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_sha256_file_is_the_files_digest(tmp_path: Path, size: int) -> None:
+    # Read through a memory map in blocks: empty files, partial and whole last blocks.
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    assert sha256_file(p, block=4096) == want == sha256_file(p)
 
 
 def test_locking_off_reads(ds_path: Path) -> None:
