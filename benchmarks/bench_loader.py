@@ -125,7 +125,12 @@ def ensure_flat(ds: ShardedDataset) -> Path:
     return path
 
 
-def warm(ds: ShardedDataset, flat: Path, reread: bool) -> None:
+def shard_files(ds: ShardedDataset) -> list[Path]:
+    """The dataset's shard files."""
+    return [ds.root / s.file for s in ds.manifest.shards]
+
+
+def warm(paths: list[Path], reread: bool) -> None:
     """Read every file once, so each method reads from the same (cached) state.
 
     With ``reread``, each file is first written back and dropped from the page cache
@@ -135,7 +140,7 @@ def warm(ds: ShardedDataset, flat: Path, reread: bool) -> None:
     files written just now stay as their writes left them: the kernel's page-cache folios then
     follow each writer's pattern (HDF5's chunk by chunk, the flat copy's one pass), and so do
     the page faults of a gather (``benchmarks/NOTES.md``)."""
-    for p in [ds.root / s.file for s in ds.manifest.shards] + [flat]:
+    for p in paths:
         if reread:
             fd = os.open(p, os.O_RDONLY)
             try:
@@ -329,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dataset: {len(ds)} samples, {size / 1e9:.2f} GB, chunk {ds.chunk_samples} samples, "
           f"{len(ds.manifest.shards)} shards; warming the page cache ({args.cache})",
           flush=True)
-    warm(ds, flat, args.cache == "reread")
+    warm([*shard_files(ds), flat], args.cache == "reread")
     budget = int(args.read_mb * 1e6 / sample_bytes)
     t0 = time.perf_counter()
     order = epoch_order(ds)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from _launch import relaunch, under_mpi
-from bench_loader import ensure_dataset, warm
+from bench_loader import ensure_dataset, shard_files, warm
 
 from hethpc import comm
 from hethpc.data import open_dataset, open_dataset_shared
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.path)
     if comm.rank() == 0:
         n = int(math.ceil(args.gigabytes * 1e9 / 4096))  # as bench_loader sizes it
-        warm(ensure_dataset(path, n, 1024))
+        warm(shard_files(ensure_dataset(path, n, 1024)), reread=False)
     comm.barrier()
     every, shared = [], []
     for _ in range(args.rounds):
