@@ -1,0 +1,36 @@
+"""bench_loader and bench_open end to end on a tiny dataset: each prints its JSON line with the
+loader beside its peers (the figures themselves come from full runs, not from here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last_json(args: list[str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_loader_and_open_benchmarks_print_their_peer_rows(tmp_path: Path) -> None:
+    path = str(tmp_path / "ds")
+    got = _last_json([
+        "benchmarks/bench_loader.py", "--path", path, "--gigabytes", "0.004",
+        "--batch-sizes", "64", "--read-mb", "1", "--rounds", "1", "--naive-seconds", "0.2",
+        "--torch-seconds", "0.2",
+    ])
+    assert got["page_cache"] == "reread" and got["batch_size"] == 64
+    for peer in ("memmap_shuffled", "memmap_contiguous", "torch_h5py_0w", "torch_h5py_2w"):
+        assert got[f"{peer}_samples_per_s"] > 0
+        assert got[f"loader_vs_{peer}"] > 0
+    assert (tmp_path / "ds" / "x.f32").is_file()  # the flat copy memmap reads
+    opened = _last_json(["benchmarks/bench_open.py", "--quick", "--path", path])
+    assert opened["ranks"] == 2 and opened["shared_verify_s"] > 0 and opened["speedup"] > 0
