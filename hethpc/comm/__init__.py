@@ -13,6 +13,7 @@ through mpi4py.
 from __future__ import annotations
 
 from hethpc.comm.broadcast import broadcast_model, broadcast_optimizer_state
+from hethpc.comm.buffers import transfer_buffer
 from hethpc.comm.collectives import (
     Pending,
     ReduceOp,
@@ -101,6 +102,7 @@ __all__ = [
     "recv_tensor",
     "send_tensor",
     "size",
+    "transfer_buffer",
     "transfers",
     "transport",
     "world",

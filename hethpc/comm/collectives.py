@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hethpc.comm import mpi_tensors, staging
+from hethpc.comm.buffers import transfer_buffer
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
@@ -276,5 +277,5 @@ def _flat_buffer(name: str, dtype: torch.dtype, device: torch.device, n: int) ->
     key = (name, dtype, device)
     buf = _flat_buffers.get(key)
     if buf is None or buf.numel() != n:
-        buf = _flat_buffers[key] = torch.empty(n, dtype=dtype, device=device)
+        buf = _flat_buffers[key] = transfer_buffer(n, dtype, device)
     return buf

@@ -10,6 +10,8 @@ from collections import OrderedDict
 
 import torch
 
+from hethpc.comm import transfer_buffer
+
 
 class GradientBuffer:
     """Flat buffers (one per dtype and device) whose slices are the parameters' gradients."""
@@ -28,7 +30,7 @@ class GradientBuffer:
         for key, members in kinds.items():
             numel = sum(params[i].numel() for i in members)
             more = extra if key == widest else 0
-            flat = torch.empty(numel + more, dtype=key[0], device=key[1])
+            flat = transfer_buffer(numel + more, key[0], key[1])
             offset = 0
             for i in members:
                 k = params[i].numel()

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from hethpc import comm
-from hethpc.comm import Group, Pending, ReduceOp
+from hethpc.comm import Group, Pending, ReduceOp, transfer_buffer
 from hethpc.sync.agreement import (
     WEIGHT_TOLERANCE,
     check_weight,
@@ -72,7 +72,7 @@ class GradientBuckets:
         self.params = params
         n = sum(p.numel() for p in params)
         extra = 3 if check else 0
-        self.flat = torch.empty(n + extra, dtype=params[0].dtype, device=params[0].device)
+        self.flat = transfer_buffer(n + extra, params[0].dtype, params[0].device)
         self.row = self.flat[n:]
         self.views: list[torch.Tensor] = []
         self.bucket_of: list[int] = []
