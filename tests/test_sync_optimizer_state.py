@@ -86,3 +86,22 @@ def test_settle_without_an_average_in_flight_does_nothing() -> None:
     avg.settle()
     assert not avg.in_flight
     torch.testing.assert_close(t, torch.full((3,), 0.5))
+
+
+def test_successive_averages_reuse_the_flat_copy_and_follow_the_tensors() -> None:
+    # The flat copy is kept between averages (large ones in huge-page memory); each average
+    # still writes back its own tensors' values, also when their number changes.
+    avg = StateAverage()
+    big = torch.arange(600_000, dtype=torch.float32)  # 2.4 MB: a transfer buffer
+    small = torch.ones(4, dtype=torch.float64)
+    avg.start([big, small], 0.5, None)
+    avg.settle()
+    torch.testing.assert_close(big, 0.5 * torch.arange(600_000, dtype=torch.float32))
+    big.fill_(2.0)
+    avg.start([big, small], 0.25, None)
+    avg.settle()
+    assert bool((big == 0.5).all()) and bool((small == 0.125).all())
+    extra = torch.full((10,), 8.0)
+    avg.start([big, extra], 1.0, None)
+    avg.settle()
+    assert bool((big == 0.5).all()) and bool((extra == 8.0).all())

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from hethpc import comm
-from hethpc.comm import Group, Pending, ReduceOp
+from hethpc.comm import Group, Pending, ReduceOp, transfer_buffer
 
 
 class StateAverage:
@@ -29,6 +29,8 @@ class StateAverage:
     def __init__(self, name: str = "hethpc.sync.optimizer_state") -> None:
         self.name = name
         self._pending: list[tuple[Pending, list[torch.Tensor]]] = []
+        # The flat copies, reused from one average to the next (the last one is settled first).
+        self._flats: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
     @property
     def in_flight(self) -> bool:
@@ -51,7 +53,12 @@ class StateAverage:
             kinds.setdefault((t.dtype, t.device), []).append(t)
         nbytes = 0
         for i, same in enumerate(kinds.values()):
-            flat = torch.cat([t.reshape(-1) for t in same])
+            n = sum(t.numel() for t in same)
+            flat = self._flats.get((i, same[0].dtype, same[0].device))
+            if flat is None or flat.numel() != n:
+                flat = transfer_buffer(n, same[0].dtype, same[0].device)
+                self._flats[(i, same[0].dtype, same[0].device)] = flat
+            torch.cat([t.reshape(-1) for t in same], out=flat)
             if weight is not None:
                 flat.mul_(float(weight))
             op = ReduceOp.AVERAGE if weight is None else ReduceOp.SUM
