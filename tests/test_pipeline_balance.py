@@ -180,6 +180,20 @@ def test_layer_profile_balances_by_its_costs() -> None:
     assert profile.whole_s == pytest.approx(11.7)
 
 
+def test_every_stage_gets_a_layer_with_parameters_when_there_are_enough() -> None:
+    # Linear, ReLU, Linear, ReLU: the ReLUs timed as dear as the Linears (noise on a tiny
+    # model) would give the last stage a ReLU alone, with nothing to train.
+    costs, holds = [1.0, 1.0, 1.0, 3.0], [True, False, True, False]
+    assert balance_costs(costs, 2) == (3, 1)
+    assert balance_costs(costs, 2, holds=holds) == (2, 2)
+    profile = LayerProfile(tuple(costs), tuple(costs), 0.0, tuple(holds))
+    assert profile.balance(2) == (2, 2)
+    # fewer layers with parameters than stages: the cheapest split, as without the flags
+    assert balance_costs(costs, 3, holds=holds) == balance_costs(costs, 3)
+    with pytest.raises(BalanceError, match="one flag per layer"):
+        balance_costs(costs, 2, holds=[True])
+
+
 def _model() -> nn.Sequential:
     # parameters per layer: 110, 0, 1100, 0, 202
     return nn.Sequential(

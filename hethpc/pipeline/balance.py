@@ -46,6 +46,7 @@ def balance_costs(
     *,
     first_costs: Sequence[float] | None = None,
     last_extra: float = 0.0,
+    holds: Sequence[bool] | None = None,
 ) -> tuple[int, ...]:
     """Split ``costs`` into ``stages`` contiguous non-empty runs minimising the largest sum.
 
@@ -61,6 +62,9 @@ def balance_costs(
         stages: number of stages, 1 <= stages <= len(costs).
         first_costs: each layer's cost when it runs on the first stage (default ``costs``).
         last_extra: added to the last stage's cost (e.g. the loss's forward and backward).
+        holds: which layers hold trainable parameters: when at least ``stages`` do, every
+            stage gets one (a stage without any would have nothing to train, and a cheap
+            parameter-free layer, timed amid noise, could otherwise make a stage of its own).
 
     Returns:
         Layers per stage.
@@ -79,6 +83,11 @@ def balance_costs(
         )
     rest, first, extra = _checked(costs, first_costs, last_extra)
     prefix_rest, prefix_first = _prefix(rest), _prefix(first)
+    if holds is not None and len(holds) != n:
+        raise BalanceError(f"holds must have one flag per layer ({n}), got {len(holds)}")
+    held = _prefix([1.0 if h else 0.0 for h in holds]) if holds is not None else None
+    if held is not None and held[-1] < stages:
+        held = None  # too few layers with parameters: some stage must go without
     inf = float("inf")
     # best[k][i]: smallest max-stage cost of the first i layers in k stages;
     # cut[k][i]: where stage k starts in that split.
@@ -89,6 +98,8 @@ def balance_costs(
         tail = extra if k == stages else 0.0
         for i in range(k, n - (stages - k) + 1):
             for j in range(k - 1, i):
+                if held is not None and held[i] == held[j]:
+                    continue  # layers j .. i-1 hold no parameters
                 prefix = prefix_first if j == 0 else prefix_rest
                 cost = max(best[k - 1][j], prefix[i] - prefix[j] + tail)
                 if cost < best[k][i] - 1e-12 * max(1.0, abs(cost)):
@@ -155,8 +166,8 @@ def partition_by_params(model: nn.Sequential, stages: int) -> tuple[int, ...]:
     Raises:
         BalanceError: ``stages`` is out of range for the model's layers.
     """
-    costs = [sum(p.numel() for p in layer.parameters()) for layer in model]
-    return balance_costs(costs, stages)
+    costs = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in model]
+    return balance_costs(costs, stages, holds=[c > 0 for c in costs])
 
 
 def split_model(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:

@@ -36,11 +36,14 @@ class LayerProfile:
         first_stage_s: each layer as on the first stage, where the data's gradient is not
             computed (differs from ``layer_s`` up to the first layer with trainable parameters).
         loss_s: the loss's forward and backward on the model's output (the last stage's).
+        trainable: whether each layer holds trainable parameters (empty: not known); the
+            balance gives every stage one when there are enough.
     """
 
     layer_s: tuple[float, ...]
     first_stage_s: tuple[float, ...]
     loss_s: float = 0.0
+    trainable: tuple[bool, ...] = ()
 
     @property
     def whole_s(self) -> float:
@@ -54,7 +57,8 @@ class LayerProfile:
             BalanceError: ``stages`` is out of range for the layers.
         """
         return balance_costs(
-            self.layer_s, stages, first_costs=self.first_stage_s, last_extra=self.loss_s
+            self.layer_s, stages, first_costs=self.first_stage_s, last_extra=self.loss_s,
+            holds=self.trainable or None,
         )
 
     def stage_s(self, balance: Sequence[int]) -> list[float]:
@@ -172,7 +176,7 @@ def _measure(
                 loss_t.append(time.perf_counter() - t0)
     layer_s = tuple(_median(t) for t in with_grad)
     first_s = tuple(_median(t) if t else layer_s[k] for k, t in enumerate(first))
-    return LayerProfile(layer_s, first_s, _median(loss_t) if loss_t else 0.0)
+    return LayerProfile(layer_s, first_s, _median(loss_t) if loss_t else 0.0, tuple(trainable))
 
 
 @contextmanager
