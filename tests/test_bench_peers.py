@@ -1,5 +1,6 @@
-"""bench_loader and bench_open end to end on a tiny dataset: each prints its JSON line with the
-loader beside its peers (the figures themselves come from full runs, not from here)."""
+"""The benchmarks with peer rows end to end in their short forms: each prints its JSON line
+with hethpc beside its peers (the figures themselves come from full runs, not from here).
+bench_pipeline --quick runs in tests/test_device_check.py, bench_tta in tests/test_bench_tta.py."""
 
 from __future__ import annotations
 
@@ -34,3 +35,15 @@ def test_loader_and_open_benchmarks_print_their_peer_rows(tmp_path: Path) -> Non
     assert (tmp_path / "ds" / "x.f32").is_file()  # the flat copy memmap reads
     opened = _last_json(["benchmarks/bench_open.py", "--quick", "--path", path])
     assert opened["ranks"] == 2 and opened["shared_verify_s"] > 0 and opened["speedup"] > 0
+
+
+def test_overhead_and_comm_benchmarks_print_their_peer_rows() -> None:
+    got = _last_json(["benchmarks/bench_overhead.py", "--quick"])
+    for model in ("cnn1d", "large"):
+        for ratio in ("hethpc_vs_horovod", "hethpc_vs_ddp", "job_vs_horovod", "job_vs_ddp"):
+            assert got[model][ratio] > 0, (model, ratio)
+    assert set(got["large"]["allreduce_ms"]) >= {"hethpc", "mpi4py", "gloo", "horovod_flat"}
+    assert got["large"]["allreduce_vs_fastest"] > 0
+    comm_rows = _last_json(["benchmarks/bench_comm.py", "--quick"])
+    assert comm_rows["ranks"] == 2
+    assert comm_rows["mpi_1elem_allreduce_us"] > 0 and comm_rows["horovod_1elem_allreduce_us"] > 0
