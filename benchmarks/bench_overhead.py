@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
     p.add_argument("--np", type=int, default=2, help="ranks (when relaunching)")
-    p.add_argument("--transport", default="auto", choices=("auto", "horovod", "mpi"),
+    p.add_argument("--transport", default="auto", choices=comm.runtime.TRANSPORTS,
                    help="hethpc's tensor transport (hethpc, overlap and job rows)")
     args = p.parse_args(argv)
     if args.quick:

@@ -26,7 +26,7 @@ def transfer_buffer(
     """A 1-D tensor of ``numel`` elements for collectives; contents undefined (zeros on the
     huge-page path). Its memory is released with the last tensor viewing it."""
     device = torch.device(device)
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     if device.type != "cpu" or nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(numel, dtype=dtype, device=device)
     try:

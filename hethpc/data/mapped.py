@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from hethpc.comm.buffers import HUGE_PAGE
+
 # MAP_FIXED is not in Python's mmap module; it has this value on Linux, macOS and the BSDs.
 _MAP_FIXED = 0x10 if sys.platform.startswith(("linux", "darwin", "freebsd")) else 0
 _PAGE = mmap.PAGESIZE
@@ -20,7 +22,7 @@ _PAGE = mmap.PAGESIZE
 # pages), as ``numpy.memmap``'s own mapping does: a file offset and its address then agree
 # modulo 2 MiB, which lets the kernel map a large page-cache folio with one fault (a PMD entry)
 # instead of one fault per 64 KiB or less. Address space only; no memory is committed.
-_FILE_ALIGN = max(_PAGE, 2 << 20)
+_FILE_ALIGN = max(_PAGE, HUGE_PAGE)
 _mmap_fn: Any = None
 
 

@@ -30,7 +30,7 @@ class StateAverage:
         self.name = name
         self._pending: list[tuple[Pending, list[torch.Tensor]]] = []
         # The flat copies, reused from one average to the next (the last one is settled first).
-        self._flats: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._flats: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     @property
     def in_flight(self) -> bool:
@@ -52,12 +52,11 @@ class StateAverage:
         for t in tensors:
             kinds.setdefault((t.dtype, t.device), []).append(t)
         nbytes = 0
-        for i, same in enumerate(kinds.values()):
+        for i, (kind, same) in enumerate(kinds.items()):
             n = sum(t.numel() for t in same)
-            flat = self._flats.get((i, same[0].dtype, same[0].device))
+            flat = self._flats.get(kind)
             if flat is None or flat.numel() != n:
-                flat = transfer_buffer(n, same[0].dtype, same[0].device)
-                self._flats[(i, same[0].dtype, same[0].device)] = flat
+                flat = self._flats[kind] = transfer_buffer(n, *kind)
             torch.cat([t.reshape(-1) for t in same], out=flat)
             if weight is not None:
                 flat.mul_(float(weight))
