@@ -42,6 +42,11 @@ def convert() -> None:
     _run("data_tools/convert.py")
 
 
+def testbed() -> None:
+    """``hethpc-testbed``: ``jobs/testbed.py``."""
+    _run("jobs/testbed.py")
+
+
 def inspect() -> None:
     """``hethpc-inspect``: ``data_tools/inspect_dataset.py``."""
     _run("data_tools/inspect_dataset.py")
