@@ -1,4 +1,4 @@
-"""A heterogeneous cluster on this host, enforced by the kernel: bring it up, run on it, take it down.
+"""A heterogeneous cluster on this host, enforced by the kernel: bring it up, run on it, down.
 
     hethpc-testbed up --node cpu=1,link=1gbit --node cpu=0.5,link=200mbit
     hethpc-testbed run -- scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --epochs 2
@@ -46,7 +46,9 @@ def _print_status(bed: Testbed) -> None:
     st = bed.status()
     print(f"testbed {st['name']}: head {st['head']} (run commands there: hethpc-testbed run)")
     for n in st["nodes"]:
-        moved = f"  rx {n['rx']:,} B  tx {n['tx']:,} B  processes {n['processes']}" if "rx" in n else ""
+        moved = (
+            f"  rx {n['rx']:,} B  tx {n['tx']:,} B  processes {n['processes']}" if "rx" in n else ""
+        )
         print(f"  node{n['node']}  {n['address']:<12} {n['spec']:<34}{moved}")
 
 
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--nodes", metavar="FILE|JSON",
                        help="a TOML file of [[node]] tables, or a JSON list of nodes")  # fmt: skip
         q.add_argument("--period-ms", type=float, default=100.0,
-                       help="CFS period of the CPU quotas in ms (default 100, as the kernel's)")  # fmt: skip
+                       help="CFS period of the CPU quotas, ms (default 100)")  # fmt: skip
 
     up = sub.add_parser("up", help="bring a testbed up and leave it up")
     nodes_args(up)
@@ -98,7 +100,8 @@ def _dispatch(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             p.error("up needs the nodes: --node cpu=..,link=.. (per node) or --nodes FILE")
         bed = Testbed(nodes, name=args.name, period_ms=args.period_ms, persistent=True).up()
         _print_status(bed)
-        print(f"take it down with: hethpc-testbed{'' if args.name == 'tb' else f' --name {args.name}'} down")
+        named = "" if args.name == "tb" else f" --name {args.name}"
+        print(f"take it down with: hethpc-testbed{named} down")
         return 0
     if args.cmd == "run":
         cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -143,7 +146,9 @@ def _dispatch(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         try:
             cores = None if args.cores.lower() == "none" else float(args.cores)
         except ValueError:
-            raise SpecError(f"cpu {args.cores!r} is not a number of cores (e.g. 0.5) or 'none'") from None
+            raise SpecError(
+                f"cpu {args.cores!r} is not a number of cores (e.g. 0.5) or 'none'"
+            ) from None
         bed.set_cpu(node, cores)
     elif args.cmd == "kill":
         bed.kill(node)

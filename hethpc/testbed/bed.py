@@ -99,6 +99,7 @@ class Testbed:
         self.state_dir = STATE_ROOT / name
         self.is_up = False
         self._old_handlers: dict[int, Any] = {}
+        self._children: list[subprocess.Popen[Any]] = []  # reaped at down(), or they pin cgroups
 
     # --- names and paths -------------------------------------------------------------------
     def namespace(self, node: int) -> str:
@@ -177,7 +178,8 @@ class Testbed:
     def down(self) -> None:
         """End every process on the testbed, remove its cgroups, namespaces (with their links
         and qdiscs) and state. Safe to call more than once."""
-        _teardown(self.name)
+        _teardown(self.name, self._children)
+        self._children.clear()
         self.is_up = False
 
     def __enter__(self) -> Testbed:
@@ -202,8 +204,11 @@ class Testbed:
         state = {
             "name": self.name,
             "nodes": [
-                {"cpu": n.cpu, "link": None if n.link is None else format_rate(n.link),
-                 "slots": n.slots}  # fmt: skip
+                {
+                    "cpu": n.cpu,
+                    "link": None if n.link is None else format_rate(n.link),
+                    "slots": n.slots,
+                }  # fmt: skip
                 for n in self.nodes
             ],
             "period_ms": self.period_us / 1000,
@@ -218,7 +223,7 @@ class Testbed:
         )
         cases = "".join(
             f"  {self.address(i)}|{self.hostname(i)}) set -- {shlex.quote(self.namespace(i))} "
-            f"{shlex.quote(str(self.cgroup(i)))} {shlex.quote(self.hostname(i))} \"$@\";;\n"
+            f'{shlex.quote(str(self.cgroup(i)))} {shlex.quote(self.hostname(i))} "$@";;\n'
             for i in range(len(self.nodes))
         )
         self.agent.write_text(
@@ -226,12 +231,12 @@ class Testbed:
             f"# rsh agent of testbed {self.name}: 'agent [options] HOST COMMAND' runs COMMAND on\n"
             "# HOST's node: in its network namespace, its cgroup and its own hostname.\n"
             'while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done\n'
-            'host=$1; shift\n'
+            "host=$1; shift\n"
             'case "$host" in\n'
             f"{cases}"
             f'  *) echo "testbed {self.name}: no node named $host" >&2; exit 255;;\n'
             "esac\n"
-            'ns=$1; cg=$2; hn=$3; shift 3\n'
+            "ns=$1; cg=$2; hn=$3; shift 3\n"
             f'exec sh -c {shlex.quote(_JOIN)} sh "$cg" ip netns exec "$ns" unshare --uts '
             f'sh -c {shlex.quote(_NAME)} sh "$hn" sh -c "$*"\n'
         )
@@ -278,7 +283,9 @@ class Testbed:
         """Start ``cmd`` on node ``node`` (None: the head)."""
         kwargs["env"] = self.env(kwargs.get("env"))
         argv = self.head_argv(cmd) if node is None else self.node_argv(node, cmd)
-        return subprocess.Popen(argv, **kwargs)
+        child = subprocess.Popen(argv, **kwargs)
+        self._children.append(child)
+        return child
 
     # --- changing it while it runs (faults) ----------------------------------------------
     def set_link(self, node: int, rate: str | int | None) -> None:
@@ -337,7 +344,11 @@ class Testbed:
             up = sorted(running())
             raise TestbedError(
                 f"no testbed named {name!r} is up "
-                + (f"(up: {', '.join(up)})" if up else "(none is; start one with hethpc-testbed up)")
+                + (
+                    f"(up: {', '.join(up)})"
+                    if up
+                    else "(none is; start one with hethpc-testbed up)"
+                )
             )
         state = json.loads(path.read_text())
         bed = cls(state["nodes"], name=name, period_ms=state["period_ms"],
@@ -371,9 +382,11 @@ def running() -> dict[str, dict[str, Any]]:
 def _owner_alive(state: Mapping[str, Any]) -> bool:
     owner = state.get("owner") or {}
     pid = owner.get("pid")
-    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(
-        pid
-    ) == owner.get("start")
+    return (
+        isinstance(pid, int)
+        and _start_time(pid) is not None
+        and _start_time(pid) == owner.get("start")
+    )
 
 
 def reap_stale() -> list[str]:
@@ -388,11 +401,15 @@ def reap_stale() -> list[str]:
     return removed
 
 
-def _teardown(name: str) -> None:
-    """Everything of testbed ``name``, found by its names (whether or not its state is known)."""
+def _teardown(name: str, children: Sequence[subprocess.Popen[Any]] = ()) -> None:
+    """Everything of testbed ``name``, found by its names (whether or not its state is known);
+    ``children``: this process's own processes on it, waited for (a zombie pins its cgroup)."""
     nss = [ns for ns in kernel.namespaces() if ns.startswith(f"{PREFIX}{name}-")]
     group = CGROUP_ROOT / name
     kernel.end_processes([group, *nss])
+    for child in children:
+        child.kill()
+        child.wait()
     kernel.remove_cgroup(group)
     if CGROUP_ROOT.is_dir() and not any(p.is_dir() for p in CGROUP_ROOT.iterdir()):
         CGROUP_ROOT.rmdir()

@@ -41,9 +41,10 @@ def missing() -> list[str]:
         if shutil.which(tool) is None:
             out.append(f"the '{tool}' program (Debian: apt-get install iproute2 util-linux)")
     if not (CPU_ROOT / "cpu.cfs_quota_us").is_file():
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
         out.append(
             f"the cgroup v1 cpu controller at {CPU_ROOT} (this host mounts "
-            f"{'cgroup v2' if Path('/sys/fs/cgroup/cgroup.controllers').exists() else 'no cpu cgroup'})"
+            f"{'cgroup v2' if v2 else 'no cpu cgroup'})"
         )
     return out
 
