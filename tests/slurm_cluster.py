@@ -12,6 +12,17 @@ namespace, where its spool directory and PMIx's client directory are bind-mounte
 paths: PMIx reaches a step's peers by those paths, which would otherwise collide between the two
 slurmd. ``n1`` declares two GPUs whose device files are ``/dev/null`` and ``/dev/zero``: SLURM
 schedules and binds them like any GPU, and the ranks, finding no CUDA, train on the CPU.
+
+``SlurmCluster.start(testbed=bed)`` stands the cluster up on a :class:`hethpc.testbed.Testbed`
+instead: munged and slurmctld on its head (the switch namespace, ``10.77.0.254``), one slurmd
+per testbed node, inside that node's network namespace, cgroup and hostname (and a mount
+namespace of its own, as above), so a job's ranks talk over the node's shaped link and share its
+CPU quota. The nodes are named by their hostnames (``<name>-node0``, ...) and each declares the
+host's CPUs: the node's cgroup, not SLURM, caps what they get. No CPU binding there (every
+slurmd would bind its first task to the same core of the one host; srun says "cluster
+configuration lacks support for cpu binding" and goes on). Every task prints
+``hethpc-testbed: task <rank> on <hostname>`` first. Client commands (:meth:`SlurmCluster.run`,
+:meth:`SlurmCluster.sbatch`) run on the head.
 """
 
 from __future__ import annotations
@@ -25,6 +36,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hethpc.testbed import Testbed
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "munged", "sinfo"]
@@ -90,23 +105,34 @@ def _node_line() -> str:
 class SlurmCluster:
     """Daemons started by :meth:`start`; ``env`` is what a client command needs (``SLURM_CONF``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, testbed: Testbed | None = None) -> None:
         self.root = root
+        self.testbed = testbed
         self.name = f"hethpct{os.getpid()}"
+        self.nodes = (
+            NODES if testbed is None else [testbed.hostname(i) for i in range(len(testbed.nodes))]
+        )
         self.procs: list[subprocess.Popen[bytes]] = []
         self.munged_pid: int | None = None
         self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
         self.two_nodes = True
 
+    def head(self, cmd: list[str]) -> list[str]:
+        """``cmd`` as run where the controller is reachable: the testbed's head, or here."""
+        return cmd if self.testbed is None else self.testbed.head_argv(cmd)
+
     # -- set-up -----------------------------------------------------------------------------
     @classmethod
-    def start(cls) -> SlurmCluster:
+    def start(cls, *, testbed: Testbed | None = None) -> SlurmCluster:
         """A cluster in a new directory under the system's temporary directory (the munge user
-        must reach it, which pytest's own temporary directories do not let it)."""
+        must reach it, which pytest's own temporary directories do not let it); on the nodes of
+        ``testbed`` (which must be up) when given, else two nodes on this host."""
         if os.geteuid() != 0:
             raise Unavailable("standing up a SLURM cluster needs root (slurmd runs jobs as users)")
+        if testbed is not None and not testbed.is_up:
+            raise RuntimeError(f"testbed {testbed.name} is not up: start the cluster inside it")
         install_if_missing()
-        c = cls(Path(tempfile.mkdtemp(prefix="hethpc-slurm-")))
+        c = cls(Path(tempfile.mkdtemp(prefix="hethpc-slurm-")), testbed)
         try:
             c._configure()
             c._start_munged()
@@ -119,21 +145,42 @@ class SlurmCluster:
     def _configure(self) -> None:
         r = self.root
         r.chmod(0o755)
-        for d in ["state", "log", "spool", "pmix", *NODES]:
+        for d in ["state", "log", "spool", "pmix", *self.nodes]:
             (r / d).mkdir(parents=True, exist_ok=True)
-        for n in NODES:
+        for n in self.nodes:
             (r / n / "spool").mkdir()
             (r / n / "pmix").mkdir()
-        ctld, *node_ports = _free_ports(1 + len(NODES))
+        ctld, *node_ports = _free_ports(1 + len(self.nodes))
         hw = _node_line()
-        nodes = "\n".join(
-            f"NodeName={n} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={p} {hw}"
-            + (" Gres=gpu:2" if n == "n1" else "")
-            for n, p in zip(NODES, node_ports, strict=True)
-        )
+        bed = self.testbed
+        if bed is None:
+            ctld_addr = "127.0.0.1"
+            nodes = "\n".join(
+                f"NodeName={n} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={p} "
+                f"{hw}" + (" Gres=gpu:2" if n == "n1" else "")
+                for n, p in zip(NODES, node_ports, strict=True)
+            )
+            task = "TaskPlugin=task/affinity"
+            gres = "NodeName=n1 Name=gpu File=/dev/null\nNodeName=n1 Name=gpu File=/dev/zero\n"
+        else:
+            from hethpc.testbed.bed import HEAD_ADDRESS
+
+            ctld_addr = HEAD_ADDRESS
+            nodes = "\n".join(
+                f"NodeName={n} NodeAddr={bed.address(i)} Port={p} {hw}"
+                for i, (n, p) in enumerate(zip(self.nodes, node_ports, strict=True))
+            )
+            # A task's host in the job log: TaskProlog's "print" lines go to its stdout.
+            prolog = r / "task_prolog"
+            task = f"TaskPlugin=task/none\nTaskProlog={prolog}"
+            gres = ""
+            prolog.write_text(
+                '#!/bin/sh\necho "print hethpc-testbed: task $SLURM_PROCID on $(hostname)"\n'
+            )
+            prolog.chmod(0o755)
         (r / "slurm.conf").write_text(
             f"""ClusterName={self.name}
-SlurmctldHost={socket.gethostname()}(127.0.0.1)
+SlurmctldHost={socket.gethostname()}({ctld_addr})
 SlurmctldPort={ctld}
 SlurmUser=root
 SlurmdUser=root
@@ -147,7 +194,7 @@ SlurmdPidFile={r}/spool/slurmd.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
+{task}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobAcctGatherType=jobacct_gather/none
@@ -163,9 +210,12 @@ GresTypes=gpu
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
-        (r / "gres.conf").write_text(
-            "NodeName=n1 Name=gpu File=/dev/null\nNodeName=n1 Name=gpu File=/dev/zero\n"
-        )
+        (r / "gres.conf").write_text(gres)
+        if bed is not None:
+            # `ip netns exec` gave each node a fresh /sys without cgroups, where slurmd's
+            # detection of the cgroup version fails; no plugin here uses cgroups (a node's cap
+            # is the cgroup its slurmd was started in), so name the version instead.
+            (r / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         (r / "mpi.conf").write_text(f"PMIxCliTmpDirBase={r}/pmix\n")
 
     def _start_munged(self) -> None:
@@ -182,7 +232,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         cmd = [*user, "munged", f"--socket={d}/munge.sock", f"--key-file={key}",
                f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
                f"--seed-file={d}/seed", "--force"]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(self.head(cmd), capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
             raise RuntimeError(f"munged did not start: {proc.stderr.strip()}")
         self.munged_pid = int((d / "munged.pid").read_text())
@@ -194,9 +244,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def _start_daemons(self) -> None:
         r = self.root
         conf = str(r / "slurm.conf")
-        self._daemon(["slurmctld", "-D", "-f", conf], "slurmctld.out")
+        self._daemon(self.head(["slurmctld", "-D", "-f", conf]), "slurmctld.out")
         private = subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
         self.two_nodes = private
+        if self.testbed is not None:
+            if not private:
+                raise Unavailable("slurmd on a testbed needs its own mount namespace (unshare -m)")
+            self._start_node_daemons(self.testbed, conf)
+            return
         for n in NODES if private else NODES[:1]:
             mounts = (
                 f"mount --bind {r}/{n}/spool {r}/spool && mount --bind {r}/{n}/pmix {r}/pmix && "
@@ -209,7 +264,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 else ["slurmd", "-D", "-N", n, "-f", conf],
                 f"slurmd-{n}.out",
             )
-        want = len(NODES) if private else 1
+        self._wait_idle(len(NODES) if private else 1)
+
+    def _start_node_daemons(self, bed: Testbed, conf: str) -> None:
+        """One slurmd per testbed node, on the node (its cgroup, namespace, hostname)."""
+        r = self.root
+        for i, n in enumerate(self.nodes):
+            mounts = f"mount --bind {r}/{n}/spool {r}/spool && mount --bind {r}/{n}/pmix {r}/pmix"
+            cmd = ["unshare", "-m", "sh", "-c", f"{mounts} && exec slurmd -D -N {n} -f {conf}"]
+            self._daemon(bed.node_argv(i, cmd), f"slurmd-{n}.out")
+        self._wait_idle(len(self.nodes))
+
+    def _wait_idle(self, want: int) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
@@ -217,13 +283,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 return
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"a SLURM daemon exited: {p.args}\n{self.logs()}")
+                    raise RuntimeError(f"a SLURM daemon exited: {p.args!r}\n{self.logs()}")
             time.sleep(0.3)
         raise RuntimeError(f"the SLURM nodes did not become idle within 60 s\n{self.logs()}")
 
     # -- use --------------------------------------------------------------------------------
     def run(self, cmd: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
+        proc = subprocess.run(
+            self.head(cmd), capture_output=True, text=True, env=self.env, timeout=60
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}")
         return proc
@@ -231,7 +299,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def sbatch(self, args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> str:
         """Submit; the job id."""
         proc = subprocess.run(
-            ["sbatch", "--parsable", *args], capture_output=True, text=True, cwd=cwd,
+            self.head(["sbatch", "--parsable", *args]), capture_output=True, text=True, cwd=cwd,
             env={**self.env, **(env or {})}, timeout=60,
         )  # fmt: skip
         if proc.returncode != 0:
