@@ -1,0 +1,313 @@
+"""A peer of hethpc: plain PyTorch DistributedDataParallel over gloo, launched by Open MPI.
+
+    scripts/mpirun.sh -np 2 .venv/bin/python benchmarks/peer_ddp.py --epochs 6
+    scripts/mpirun.sh -np 2 .venv/bin/python benchmarks/peer_ddp.py --powersgd 2
+    python3 jobs/testbed.py --name peers run --node cpu=1,link=1gbit \\
+        --node cpu=0.5,link=200mbit -- scripts/mpirun.sh -np 2 .venv/bin/python \\
+        benchmarks/peer_ddp.py --out runs/peer_ddp.json
+
+What a user would run instead of hethpc, unchanged, so that comparisons run it beside hethpc
+on the same uneven cluster: ``torch.distributed.init_process_group("gloo")`` with the rank and
+world size Open MPI gives (``OMPI_COMM_WORLD_RANK``/``SIZE``), the model wrapped in
+``DistributedDataParallel``, ``DistributedSampler`` shards and equal per-rank batches, training
+the model and data of hethpc's demo (``jobs/demo.toml``): ``cnn1d_wide`` on the 20,000-sample
+MNIST-1D that hethpc generates (80 % train, 20 % test, cached in ``$HETHPC_CACHE`` or
+``~/.cache/hethpc``). Only the model factory and the data generator come from hethpc.
+
+The rendezvous: ``MASTER_ADDR`` from ``--master-addr``, else the environment, else rank 0's
+IPv4 address on an interface whose subnet holds an address of every other rank (127.0.0.1 when
+all ranks share a host), found by one mpi4py allgather; ``MASTER_PORT`` likewise, else a free
+port rank 0 picks and broadcasts. gloo picks its own interface by resolving the hostname unless
+``GLOO_SOCKET_IFNAME`` says which; on hethpc's testbed (``HETHPC_TESTBED`` set) it defaults to
+the nodes' ``eth0``. ``--powersgd RANK`` registers torch's ``powerSGD_hook`` with that matrix
+approximation rank, plain allreduce for the first ``--powersgd-start`` steps (torch's advice: 10 %
+of the steps).
+
+``--batch-size`` is the global batch, ``--lr`` the rate for it, and ``--partition`` and the
+output as in ``benchmarks/peer_horovod.py``: rank 0 prints one line per epoch and the summary
+as one JSON object on the last line, also written to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import ipaddress
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+
+from hethpc.data import load_mnist1d
+from hethpc.data.partition import LabelSkewPartitioner
+from hethpc.models import build_model
+
+PEER = "ddp"
+_SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # Linux ioctls: an interface's IPv4 address, mask
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=6, help="epochs to train (default 6)")
+    p.add_argument("--batch-size", type=int, default=128,
+                   help="global batch: samples per step over all ranks (default 128)")
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="SGD learning rate for the global batch (default 0.05)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="model initialisation, shuffling and partition seed (default 0)")
+    p.add_argument("--partition", choices=("iid", "labels"), default="iid",
+                   help="iid: DistributedSampler shards; labels: hethpc's label skew")
+    p.add_argument("--labels-per-rank", type=int, default=6,
+                   help="labels each rank holds with --partition labels (default 6)")
+    p.add_argument("--samples", type=int, default=20_000,
+                   help="MNIST-1D samples to generate, 80 %% train, 20 %% test (default 20000)")
+    p.add_argument("--data-seed", type=int, default=42,
+                   help="seed of the generated MNIST-1D data (default 42, as hethpc's)")
+    p.add_argument("--powersgd", type=int, default=0, metavar="RANK",
+                   help="compress gradients with torch's powerSGD_hook of this matrix "
+                   "approximation rank (default 0: plain allreduce)")
+    p.add_argument("--powersgd-start", type=int, default=None, metavar="STEPS",
+                   help="plain allreduce for this many steps before PowerSGD starts (at least "
+                   "2; default: 10 %% of the steps)")
+    p.add_argument("--master-addr", help="rank 0's address (default: $MASTER_ADDR, else found)")
+    p.add_argument("--master-port", type=int,
+                   help="rank 0's port (default: $MASTER_PORT, else a free one)")
+    p.add_argument("--out", type=Path, help="write the JSON summary here (rank 0)")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "samples", "labels_per_rank"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.powersgd < 0:
+        p.error(f"--powersgd must be a rank >= 1 (0: off), got {args.powersgd}")
+    if args.powersgd_start is not None and args.powersgd_start < 2:
+        p.error(f"--powersgd-start must be at least 2 (torch's error feedback needs it), "
+                f"got {args.powersgd_start}")  # fmt: skip
+    return args
+
+
+def ipv4_interfaces() -> dict[str, tuple[str, str]]:
+    """This host's IPv4 interfaces: ``{name: (address, netmask)}``."""
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                addr = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)[20:24]
+                mask = fcntl.ioctl(s.fileno(), _SIOCGIFNETMASK, request)[20:24]
+            except OSError:  # no IPv4 address
+                continue
+            found[name] = (socket.inet_ntoa(addr), socket.inet_ntoa(mask))
+    return found
+
+
+def rendezvous(args: argparse.Namespace, rank: int) -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)``, the same on every rank."""
+    addr = args.master_addr or os.environ.get("MASTER_ADDR")
+    port = args.master_port or int(os.environ.get("MASTER_PORT", 0))
+    if addr and port:
+        return addr, port
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if not addr:
+        everyone = world.allgather((socket.gethostname(), ipv4_interfaces()))
+        addr = reachable_address(everyone)
+    if not port and rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    return addr, world.bcast(port, root=0)
+
+
+def reachable_address(everyone: list[tuple[str, dict[str, tuple[str, str]]]]) -> str:
+    """Rank 0's address on a subnet that holds an address of every other rank.
+
+    Args:
+        everyone: every rank's ``(hostname, ipv4_interfaces())``, in rank order.
+    """
+    if len({host for host, _ in everyone}) == 1:
+        return "127.0.0.1"
+    for _, (addr, mask) in sorted(everyone[0][1].items()):
+        net = ipaddress.IPv4Network(f"{addr}/{mask}", strict=False)
+        if net.is_loopback:
+            continue
+        if all(any(ipaddress.IPv4Address(a) in net for a, _ in ifs.values())
+               for _, ifs in everyone[1:]):  # fmt: skip
+            return addr
+    raise SystemExit("no interface of rank 0 shares a subnet with every other rank; give "
+                     "--master-addr (an address of rank 0 the others reach)")  # fmt: skip
+
+
+class ShareSampler(Sampler[int]):
+    """A fixed share of sample indices, in a new order each epoch (``seed + epoch``), repeated
+    to ``length`` samples so that every rank takes as many steps as the largest share."""
+
+    def __init__(self, indices: np.ndarray, length: int, seed: int) -> None:
+        self.indices, self.length, self.seed, self.epoch = indices, length, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng(self.seed + self.epoch).permutation(self.indices)
+        return iter(np.resize(order, self.length).tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def load_data(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset, np.ndarray]:
+    """``(train, test, train labels)``: rank 0 generates the cached data, then the others read."""
+    cache = os.environ.get("HETHPC_CACHE") or os.path.expanduser("~/.cache/hethpc")
+    if dist.get_rank() == 0:
+        load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=cache)
+    dist.barrier()
+    train, test = load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=cache)
+    return (
+        TensorDataset(torch.from_numpy(train.x), torch.from_numpy(train.y)),
+        TensorDataset(torch.from_numpy(test.x), torch.from_numpy(test.y)),
+        train.y,
+    )
+
+
+def train_sampler(args: argparse.Namespace, train: TensorDataset, labels: np.ndarray) -> Any:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if args.partition == "iid":
+        return DistributedSampler(train, num_replicas=size, rank=rank,
+                                  shuffle=True, seed=args.seed)  # fmt: skip
+    shares = LabelSkewPartitioner(labels_per_rank=args.labels_per_rank).all_indices(
+        labels, size, args.seed
+    )
+    return ShareSampler(shares[rank], max(len(s) for s in shares), args.seed)
+
+
+def metric_sum(values: list[float]) -> list[float]:
+    """``values`` summed over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_accuracy(model: torch.nn.Module, loader: DataLoader) -> float:
+    model.eval()
+    correct = count = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += int((model(x).argmax(1) == y).sum())
+            count += len(y)
+    model.train()
+    correct_all, count_all = metric_sum([correct, count])
+    return correct_all / count_all
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
+    if os.environ.get("HETHPC_TESTBED"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")  # the nodes' link
+    addr, port = rendezvous(args, rank)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=size)  # fmt: skip
+    summary = train(args, rank, size)
+    summary["master_addr"] = addr
+    if rank == 0:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(summary, indent=1) + "\n")
+        print(json.dumps(summary), flush=True)
+    # Once DDP wrapped a model, the process group and gloo's worker threads live until the
+    # process exits; a worker that drops the last reference to a Python tensor while the
+    # interpreter shuts down aborts the rank (seen on the testbed). The barrier lets the
+    # workers let go of the last collective's tensors first.
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
+    """Train and evaluate; the summary (the same on every rank but for the times)."""
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    if args.batch_size % size:
+        raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of the "
+                         f"{size} ranks (every rank takes an equal batch)")  # fmt: skip
+    per_rank = args.batch_size // size
+    train_set, test_set, labels = load_data(args)
+    sampler = train_sampler(args, train_set, labels)
+    train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
+    test_sampler: DistributedSampler[int] = DistributedSampler(
+        test_set, num_replicas=size, rank=rank, shuffle=False
+    )
+    test_loader = DataLoader(test_set, batch_size=1000, sampler=test_sampler)
+
+    model = build_model("cnn1d_wide", tuple(train_set.tensors[0].shape[1:]), 10)
+    with torch.no_grad():
+        model(train_set.tensors[0][:2])  # materialise the lazy layer: DDP refuses it
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    powersgd_start = None
+    if args.powersgd:
+        powersgd_start = args.powersgd_start or max(2, args.epochs * len(train_loader) // 10)
+        state = powerSGD.PowerSGDState(process_group=None,
+                                       matrix_approximation_rank=args.powersgd,
+                                       start_powerSGD_iter=powersgd_start)  # fmt: skip
+        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+
+    epochs: list[dict[str, Any]] = []
+    trained = 0.0  # samples over all ranks
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        sampler.set_epoch(epoch)
+        ddp.train()
+        loss_sum = seen = 0.0
+        t0 = time.perf_counter()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(y)
+            seen += len(y)
+        time_s = time.perf_counter() - t0
+        loss_all, seen_all = metric_sum([loss_sum, seen])
+        trained += seen_all
+        row = {"epoch": epoch, "time_s": time_s, "test_acc": test_accuracy(model, test_loader),
+               "train_loss": loss_all / seen_all}  # fmt: skip
+        epochs.append(row)
+        if rank == 0:
+            print(f"epoch {epoch}  time {time_s:.2f} s  train loss {row['train_loss']:.4f}  "
+                  f"test accuracy {row['test_acc']:.4f}", flush=True)  # fmt: skip
+    train_s = sum(e["time_s"] for e in epochs)
+    return {
+        "peer": PEER,
+        "world_size": size,
+        "testbed": os.environ.get("HETHPC_TESTBED"),
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "epochs": epochs,
+        "total_time_s": train_s,
+        "wall_s": time.perf_counter() - start,
+        "samples_per_s": trained / train_s,
+        "steps_per_epoch": len(train_loader),
+        "per_rank_batch": per_rank,
+        "final_test_acc": epochs[-1]["test_acc"],
+        "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                     "model": "cnn1d_wide", "powersgd_start": powersgd_start},  # fmt: skip
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
