@@ -10,6 +10,7 @@ from hethpc.batching.allocation import (
     max_relative_change,
     uniform_sizes,
 )
+from hethpc.batching.busy import CpuShare
 from hethpc.batching.controller import MODES, BatchController, BatchingError
 from hethpc.batching.decision import Adjustment, decide
 from hethpc.batching.estimate import Estimate, TimeEstimator
@@ -25,6 +26,7 @@ from hethpc.batching.slowdown import (
 )
 
 __all__ = [
+    "CpuShare",
     "MODES",
     "STRETCH_MODES",
     "Adjustment",

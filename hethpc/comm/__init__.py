@@ -62,6 +62,7 @@ from hethpc.comm.runtime import (
     size,
     transport,
 )
+from hethpc.comm.waiting import comm_seconds
 
 __all__ = [
     "CommError",
@@ -76,6 +77,7 @@ __all__ = [
     "ReduceOp",
     "Request",
     "abort",
+    "comm_seconds",
     "abort_on_exception",
     "allgather_array",
     "allgather_object",

@@ -20,6 +20,7 @@ from hethpc.comm.buffers import transfer_buffer
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
+from hethpc.comm.waiting import arrive
 
 
 class ReduceOp(enum.Enum):
@@ -94,6 +95,7 @@ def allreduce(
         staging.copy_back(out, host)
         return out
     t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     result: torch.Tensor = hvd.allreduce(
         tensor,
         op=_hvd_op(op),
@@ -126,6 +128,7 @@ def allreduce_(
         return tensor
     staged = _needs_staging([tensor])
     target = staging.host_copy(tensor) if staged else tensor
+    arrive(g.mpi_comm)
     hvd.allreduce_(
         target,
         op=_hvd_op(op),
@@ -214,6 +217,7 @@ def grouped_allreduce(
         outs = [t.detach().clone() for t in tensors]
         return grouped_allreduce_(outs, op, prescale=prescale, group=g, name=name)
     t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     results = list(
         hvd.grouped_allreduce(
             list(tensors),

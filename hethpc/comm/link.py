@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from hethpc.comm.errors import LinkError
+from hethpc.comm.waiting import add_comm_seconds
 
 _UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
           "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}  # fmt: skip
@@ -171,12 +172,13 @@ def wait_out(t0: float, emulated_s: float, nbytes: int) -> None:
 
 def emulate_collective(t0: float, kind: str, nbytes: int, size: int) -> None:
     """After a collective of ``kind`` (allreduce, allgather, broadcast) over ``size`` ranks,
-    started at ``t0``, last as long as on the emulated link (nothing when emulation is off)."""
-    if _link is None or size < 2:
-        return
-    seconds = {
-        "allreduce": _link.allreduce_s,
-        "allgather": _link.allgather_s,
-        "broadcast": _link.broadcast_s,
-    }[kind](nbytes, size)
-    wait_out(t0, seconds, nbytes)
+    started at ``t0``, last as long as on the emulated link (nothing more when emulation is
+    off); its whole time counts in :func:`~hethpc.comm.comm_seconds`."""
+    if _link is not None and size >= 2:
+        seconds = {
+            "allreduce": _link.allreduce_s,
+            "allgather": _link.allgather_s,
+            "broadcast": _link.broadcast_s,
+        }[kind](nbytes, size)
+        wait_out(t0, seconds, nbytes)
+    add_comm_seconds(time.perf_counter() - t0)

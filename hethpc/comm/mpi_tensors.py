@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hethpc.comm import staging
+from hethpc.comm import staging, waiting
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -61,6 +61,7 @@ class _Work:
 def allreduce_(mpi: Any, comm: Any, tensor: torch.Tensor, op: str, prescale: float) -> None:
     """Reduce ``tensor`` in place over ``comm`` (blocking)."""
     work = _Work(tensor, prescale)
+    waiting.arrive(comm)
     comm.Allreduce(mpi.IN_PLACE, work.array(), op=_op(mpi, op))
     work.finish(op, comm.Get_size())
 
@@ -72,7 +73,7 @@ class Request:
         self._work, self._request, self._op, self._size = work, request, op, size
 
     def wait(self) -> None:
-        self._request.Wait()
+        waiting.wait(self._request)
         self._work.finish(self._op, self._size)
 
 

@@ -16,6 +16,7 @@ from hethpc.comm.errors import CommError
 from hethpc.comm.groups import Group, resolve
 from hethpc.comm.link import emulate_collective
 from hethpc.comm.runtime import state
+from hethpc.comm.waiting import arrive
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ def barrier(group: Group | None = None) -> None:
     g = resolve(group)
     if g.size > 1:
         t0 = time.perf_counter()
-        g.mpi_comm.Barrier()
+        arrive(g.mpi_comm)
         emulate_collective(t0, "allreduce", 0, g.size)
 
 
@@ -35,6 +36,7 @@ def allgather_object(obj: T, group: Group | None = None) -> list[T]:
     if g.size == 1:
         return [obj]
     t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     out = list(g.mpi_comm.allgather(obj))
     emulate_collective(t0, "allgather", 0, g.size)  # objects: control messages, latency only
     return out
@@ -46,6 +48,7 @@ def broadcast_object(obj: T, root: int = 0, group: Group | None = None) -> T:
     if g.size == 1:
         return obj
     t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     out: T = g.mpi_comm.bcast(obj, root=root)
     emulate_collective(t0, "broadcast", 0, g.size)  # objects: control messages, latency only
     return out
@@ -61,6 +64,8 @@ def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray
     a = np.ascontiguousarray(array)
     if g.size == 1:
         return a[None].copy()
+    t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     metas = g.mpi_comm.allgather((a.shape, a.dtype.str))
     if len(set(metas)) != 1:
         detail = ", ".join(f"rank {r}: shape {s} dtype {d}" for r, (s, d) in enumerate(metas))
@@ -68,7 +73,6 @@ def allgather_array(array: np.ndarray, group: Group | None = None) -> np.ndarray
             f"allgather_array needs the same shape and dtype on every rank; got {detail}"
         )
     out = np.empty((g.size, *a.shape), dtype=a.dtype)
-    t0 = time.perf_counter()
     g.mpi_comm.Allgather(a, out)
     emulate_collective(t0, "allgather", a.nbytes, g.size)
     return out
@@ -85,6 +89,7 @@ def allreduce_array(
     mpi = state().mpi
     out = np.empty_like(a)
     t0 = time.perf_counter()
+    arrive(g.mpi_comm)
     mpi_op = {ReduceOp.SUM: mpi.SUM, ReduceOp.AVERAGE: mpi.SUM, ReduceOp.MIN: mpi.MIN,
               ReduceOp.MAX: mpi.MAX}[op]  # fmt: skip
     g.mpi_comm.Allreduce(a, out, op=mpi_op)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
+from hethpc.batching import CpuShare
 from hethpc.sync import SyncRecord
 from hethpc.train import parts
 from hethpc.train.config import ConfigError
@@ -110,6 +111,8 @@ class Coordinator:
         self.steps = 0
         self.skipped = 0
         self._t0 = math.nan
+        self._cpu = CpuShare()  # compute time at the CPU share this rank gets
+        self._on_gpu = device is not None and torch.device(device).type == "cuda"
 
     @property
     def batch_size(self) -> int:
@@ -123,6 +126,8 @@ class Coordinator:
 
     def start(self) -> None:
         """Start timing this step's compute; call just before the forward pass."""
+        self._cpu.begin_step()
+        self._cpu.begin_compute()
         self._t0 = time.perf_counter()
 
     def step(self, loss: torch.Tensor | float | None = None) -> SyncRecord | None:
@@ -141,6 +146,7 @@ class Coordinator:
                 "sizes each rank's batch by its measured compute time, so call coord.start() "
                 "just before the forward pass of every step"
             )
+        self._cpu.end_compute()
         compute_s = (
             self.controller.timer_stop(self._t0, step=step) if math.isfinite(self._t0) else math.nan
         )
@@ -163,7 +169,8 @@ class Coordinator:
             record = self.policy.step(
                 self.model, self.optimizer, weight=weight, compute_s=compute_s
             )
-        self.controller.update(step=step, compute_s=compute_s)
+        own_s = self._cpu.end_step(compute_s)
+        self.controller.update(step=step, compute_s=compute_s if self._on_gpu else own_s)
         self.steps += 1
         return record
 

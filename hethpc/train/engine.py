@@ -110,6 +110,12 @@ class DataParallel:
         """This replica's compute time for the batch controller: this rank's own."""
         return seconds
 
+    def control_time(self, own_s: float, compute_s: float) -> float:
+        """The time the batch controller follows: on a CPU, the forward and backward's CPU
+        time at the CPU share the rank gets (:class:`~hethpc.batching.CpuShare`, which sees a
+        CPU quota's stalls wherever they fall); on a GPU the timed compute."""
+        return compute_s if self.device.type == "cuda" else own_s
+
     def compute(
         self,
         x: torch.Tensor,
@@ -198,6 +204,11 @@ class PipelineStage:
         and takes the same decisions, so the stages of a replica keep one batch size.
         """
         return float(comm.allreduce_array(np.array([seconds]), ReduceOp.MAX, self._stage_group)[0])
+
+    def control_time(self, own_s: float, compute_s: float) -> float:
+        """The replica's step time (:meth:`step_time`): a stage's compute includes its waits
+        for its neighbours' messages, so its CPU time says too little."""
+        return compute_s
 
     def describe(self) -> str:
         lay = self.layout

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from hethpc import comm
+from hethpc.batching import CpuShare
 from hethpc.sync import SyncRecord
 from hethpc.train import parts
 from hethpc.train.assembly import RunParts
@@ -83,11 +84,13 @@ class TrainStep:
         self.params = list(run.module.parameters())
         self.weight = 1.0  # the last step's gradient weight, for the end-of-epoch average
         self.now = 0.0  # the run's seconds at the end of the last step
+        self.cpu = CpuShare()  # compute time at the CPU share this rank gets, for the controller
 
     def __call__(self, step: int) -> None:
         """Run step ``step`` on this rank (a collective)."""
         cfg, run, engine, dog = self.cfg, self.run, self.run.engine, self.dog
         optimizer, policy, controller = run.optimizer, run.policy, run.controller
+        self.cpu.begin_step()
         dog.kick(step, "data")
         sizes = np.asarray(controller.batch_sizes)
         b, big_b = int(sizes[engine.replica]), int(sizes.sum())
@@ -122,7 +125,9 @@ class TrainStep:
         # BSP on a data-parallel engine: the loss scaled by the step's weight, so the gradients
         # come out weighted and the average makes no pass over them to scale them
         scale = policy.loss_scale(weight) if engine.takes_loss_scale else 1.0
+        self.cpu.begin_compute()
         loss, out = engine.compute(x, y, self.loss_fn, poison, loss_scale=scale)
+        self.cpu.end_compute()
         compute_s = engine.step_time(controller.timer_stop(tc))
         dog.kick(step, "sync")
         link_before = comm.link_stats() if cfg.link else None
@@ -134,7 +139,8 @@ class TrainStep:
         run.scheduler.step()
         self.tally.synced += is_synced
         link_after = comm.link_stats() if cfg.link else None
-        controller.update(step=step, compute_s=compute_s)
+        own_s = self.cpu.end_step(compute_s)
+        controller.update(step=step, compute_s=engine.control_time(own_s, compute_s))
         self.tally.seen += big_b
         self.weight, self.now = weight, self.tally.elapsed()
         with torch.no_grad():  # tensors, made numbers when the metrics are written
@@ -152,6 +158,8 @@ class TrainStep:
                 acc=acc,
                 batch=b,
                 compute_s=compute_s,
+                own_s=own_s,
+                cpu_share=self.cpu.share,
                 sync_s=sync_s,
                 synced=is_synced,
                 decision="SYNC" if is_synced else "LOCAL",

@@ -1,0 +1,47 @@
+"""Waiting for the other ranks without spinning, and the seconds this rank spent in collectives.
+
+A blocking MPI collective polls while the rank waits for the last one to arrive: it spins, or
+yields a core nobody else wants, and burns CPU time the whole wait. Under a CPU quota (a
+container's limit, a cgroup) that burnt time is charged like work, so a rank that waits spends
+its quota there and is throttled later, anywhere, often inside its next forward pass or its
+next wait; its timed compute then no longer shows that it is the slow rank. :func:`arrive`
+waits in a nonblocking barrier tested between short sleeps (growing to ``POLL_MAX_S``), so a
+waiting rank uses almost no CPU; the collective that follows finds every rank there and only
+moves data. :func:`comm_seconds` totals the time spent inside collectives (waits, transfers and
+link emulation), so a rank's own time per step is its wall time minus that.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+POLL_MIN_S = 20e-6  # the first sleep between tests: a rank that arrives last pays about this
+POLL_MAX_S = 5e-4  # the longest sleep: the most a long wait overshoots the last arrival
+_GROWTH = 1.5
+
+_spent = 0.0  # seconds in collectives on this rank since the start
+
+
+def wait(request: Any) -> None:
+    """Complete an mpi4py request, testing it between sleeps instead of spinning in ``Wait``."""
+    pause = POLL_MIN_S
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(pause * _GROWTH, POLL_MAX_S)
+
+
+def arrive(mpi_comm: Any) -> None:
+    """Return once every rank of ``mpi_comm`` has called it, sleeping (not spinning) meanwhile."""
+    wait(mpi_comm.Ibarrier())
+
+
+def add_comm_seconds(seconds: float) -> None:
+    """Count ``seconds`` spent in a collective (called by the collectives themselves)."""
+    global _spent
+    _spent += seconds
+
+
+def comm_seconds() -> float:
+    """Seconds this rank has spent inside collectives since it started (monotonic)."""
+    return _spent
