@@ -6,7 +6,7 @@ export HETHPC_MPIRUN_TIMEOUT ?= 900
 export OMP_NUM_THREADS ?= 1
 PYTEST_MPI := $(PY) -m mpi4py -m pytest -q --color=no -p no:cacheprovider tests/mpi
 
-.PHONY: setup demo test test-single test-mpi bench lint docs clean
+.PHONY: setup demo demo-testbed test test-single test-mpi bench lint docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,16 @@ demo: setup
 	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS) \
 	    --run-dir runs/demo-baseline --batching uniform --sync bsp
 	$(PY) jobs/report.py runs/demo runs/demo-baseline
+
+## The demo on the testbed (root, Linux; docs/testbed.md): the same two runs with no emulation,
+## rank 1 on a node capped at half a core, both nodes' links shaped to 200 Mbit/s by the kernel.
+TESTBED := $(PY) jobs/testbed.py --name demo run --node cpu=1,link=200mbit --node cpu=0.5,link=200mbit --
+demo-testbed: setup
+	$(TESTBED) $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite \
+	    --slowdown '' --link '' --run-dir runs/demo-testbed $(ARGS)
+	$(TESTBED) $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite \
+	    --slowdown '' --link '' --run-dir runs/demo-testbed-baseline --batching uniform --sync bsp $(ARGS)
+	$(PY) jobs/report.py runs/demo-testbed runs/demo-testbed-baseline
 
 ## The README's test command: single-process tests, then the distributed ones on 2 ranks with
 ## the CPU's default tensor transport (mpi4py) and on 3 ranks through Horovod.
