@@ -59,10 +59,10 @@ class _Work:
 
 
 def allreduce_(mpi: Any, comm: Any, tensor: torch.Tensor, op: str, prescale: float) -> None:
-    """Reduce ``tensor`` in place over ``comm`` (blocking)."""
+    """Reduce ``tensor`` in place over ``comm`` (returns when done; waits without spinning)."""
     work = _Work(tensor, prescale)
     waiting.arrive(comm)
-    comm.Allreduce(mpi.IN_PLACE, work.array(), op=_op(mpi, op))
+    waiting.wait(comm.Iallreduce(mpi.IN_PLACE, work.array(), op=_op(mpi, op)))
     work.finish(op, comm.Get_size())
 
 

@@ -7,7 +7,8 @@ its quota there and is throttled later, anywhere, often inside its next forward 
 next wait; its timed compute then no longer shows that it is the slow rank. :func:`arrive`
 waits in a nonblocking barrier tested between short sleeps (growing to ``POLL_MAX_S``), so a
 waiting rank uses almost no CPU; the collective that follows finds every rank there and only
-moves data. :func:`comm_seconds` totals the time spent inside collectives (waits, transfers and
+moves data, itself nonblocking and waited for the same way (on a slow link the transfer is the
+long part: a blocking allreduce spun for all of it). :func:`comm_seconds` totals the time spent inside collectives (waits, transfers and
 link emulation), so a rank's own time per step is its wall time minus that.
 """
 
@@ -16,7 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-POLL_MIN_S = 20e-6  # the first sleep between tests: a rank that arrives last pays about this
+SPIN_S = 100e-6  # tested without sleeping this long first: a quick collective pays nothing
+POLL_MIN_S = 20e-6  # the first sleep between tests
 POLL_MAX_S = 5e-4  # the longest sleep: the most a long wait overshoots the last arrival
 _GROWTH = 1.5
 
@@ -24,7 +26,15 @@ _spent = 0.0  # seconds in collectives on this rank since the start
 
 
 def wait(request: Any) -> None:
-    """Complete an mpi4py request, testing it between sleeps instead of spinning in ``Wait``."""
+    """Complete an mpi4py request: tested in a loop for ``SPIN_S``, then between sleeps that
+    grow to ``POLL_MAX_S`` (each test also moves the transfer on), instead of spinning in
+    ``Wait`` however long it takes."""
+    end = time.perf_counter() + SPIN_S
+    while not request.Test():
+        if time.perf_counter() > end:
+            break
+    else:
+        return
     pause = POLL_MIN_S
     while not request.Test():
         time.sleep(pause)
