@@ -96,6 +96,23 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
 }
 
 # The paced 2-rank run (compute paced, the host's noise hidden) is held to the same goals.
+GOALS["bench_testbed"] = {
+    **{
+        f"quota_{q}_testbed_of_ideal": (
+            f">= 0.8 (dynamic over uniform batches under a real quota of {q} a core, of the ideal)",
+            lambda v: _ge(v, 0.8),
+        )
+        for q in ("half", "third")
+    },
+    **{
+        f"demo_{sync}_{key}_testbed_over_emulated": (
+            "within 15 % (0.85..1.15; the emulation against the kernel-enforced testbed)",
+            lambda v: _ge(v, 0.85) and _le(v, 1.15),
+        )
+        for sync in ("bsp", "selsync")
+        for key in ("step_s", "time_s", "tta_s")
+    },
+}
 GOALS["bench_dynbatch"].update(
     {f"paced.{k}": (f"{goal}, paced", test) for k, (goal, test) in GOALS["bench_dynbatch"].items()}
 )
