@@ -9,8 +9,10 @@ ranks' heartbeats show it training:
 
 a. **link down**: node 1's cable pulled in a 3-rank BSP job, for ``--down-s`` (20) seconds
    (``link_down``) or until the job ends, at most 75 s (``link_out``); both again with Open
-   MPI's launcher checking its daemons by TCP keepalive every few seconds (``_ka``,
-   ``KEEPALIVE``; its default waits 300 s): whether the job survives (TCP retransmits) or ends,
+   MPI's launcher checking its daemons by TCP keepalive every few seconds set explicitly
+   (``_ka``, ``KEEPALIVE``; Open MPI's own default waits 300 s, and ``scripts/mpirun.sh`` now
+   sets the same as ``KEEPALIVE``, so both pairs run alike): whether the job survives (TCP
+   retransmits) or ends,
    how long after the pull, its exit code, whether its output names rank 1, node 1's hostname
    or its address, and what is left on the nodes while node 1 is still cut off.
 b. **kill**: every process on node 1 SIGKILLed (a crashed node) in a 3-rank job: seconds to the

@@ -69,6 +69,8 @@ class Testbed:
         SpecError: a node is invalid. TestbedError: the name is invalid.
     """
 
+    __test__ = False  # not a pytest test class
+
     def __init__(
         self,
         nodes: Sequence[NodeSpec | Mapping[str, Any]] | str | Path,
