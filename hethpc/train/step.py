@@ -101,6 +101,7 @@ class TrainStep:
         x, y = self._batch(step, sizes)
         dog.kick(step, "compute")
         tc = time.perf_counter()
+        self.cpu.begin_compute()  # from here, as compute_s: speed-sized local steps included
 
         def poison(value: torch.Tensor, step: int = step) -> torch.Tensor:
             return apply_faults(self.faults, rank=self.rank, step=step, loss=value)
@@ -125,7 +126,6 @@ class TrainStep:
         # BSP on a data-parallel engine: the loss scaled by the step's weight, so the gradients
         # come out weighted and the average makes no pass over them to scale them
         scale = policy.loss_scale(weight) if engine.takes_loss_scale else 1.0
-        self.cpu.begin_compute()
         loss, out = engine.compute(x, y, self.loss_fn, poison, loss_scale=scale)
         self.cpu.end_compute()
         compute_s = engine.step_time(controller.timer_stop(tc))
