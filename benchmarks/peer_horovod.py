@@ -31,18 +31,15 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from _peer_data import load_data, train_sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-from hethpc.data import load_mnist1d
-from hethpc.data.partition import LabelSkewPartitioner
 from hethpc.models import build_model
 
 PEER = "horovod"
@@ -76,48 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class ShareSampler(Sampler[int]):
-    """A fixed share of sample indices, in a new order each epoch (``seed + epoch``), repeated
-    to ``length`` samples so that every rank takes as many steps as the largest share."""
-
-    def __init__(self, indices: np.ndarray, length: int, seed: int) -> None:
-        self.indices, self.length, self.seed, self.epoch = indices, length, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        order = np.random.default_rng(self.seed + self.epoch).permutation(self.indices)
-        return iter(np.resize(order, self.length).tolist())
-
-    def __len__(self) -> int:
-        return self.length
-
-
-def load_data(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset, np.ndarray]:
-    """``(train, test, train labels)``: rank 0 generates the cached data, then the others read."""
-    cache = os.environ.get("HETHPC_CACHE") or os.path.expanduser("~/.cache/hethpc")
-    if hvd.rank() == 0:
-        load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=cache)
-    hvd.barrier()
-    train, test = load_mnist1d(num_samples=args.samples, seed=args.data_seed, cache_dir=cache)
-    return (
-        TensorDataset(torch.from_numpy(train.x), torch.from_numpy(train.y)),
-        TensorDataset(torch.from_numpy(test.x), torch.from_numpy(test.y)),
-        train.y,
-    )
-
-
-def train_sampler(args: argparse.Namespace, train: TensorDataset, labels: np.ndarray) -> Any:
-    if args.partition == "iid":
-        return DistributedSampler(train, num_replicas=hvd.size(), rank=hvd.rank(),
-                                  shuffle=True, seed=args.seed)  # fmt: skip
-    shares = LabelSkewPartitioner(labels_per_rank=args.labels_per_rank).all_indices(
-        labels, hvd.size(), args.seed
-    )
-    return ShareSampler(shares[hvd.rank()], max(len(s) for s in shares), args.seed)
-
-
 def metric_sum(values: list[float], name: str) -> list[float]:
     """``values`` summed over the ranks."""
     return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name).tolist()
@@ -144,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of the "
                          f"{hvd.size()} ranks (every rank takes an equal batch)")  # fmt: skip
     per_rank = args.batch_size // hvd.size()
-    train_set, test_set, labels = load_data(args)
-    sampler = train_sampler(args, train_set, labels)
+    train_set, test_set, labels = load_data(args, hvd.rank(), hvd.barrier)
+    sampler = train_sampler(args, train_set, labels, hvd.rank(), hvd.size())
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
     test_sampler: DistributedSampler[int] = DistributedSampler(
         test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False

@@ -99,7 +99,7 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
 GOALS["bench_testbed"] = {
     **{
         f"quota_{q}_testbed_of_ideal": (
-            f">= 0.8 (dynamic over uniform batches under a real quota of a {q} of a core, of the ideal)",
+            f">= 0.8 of the ideal (dynamic over uniform batches, a real quota of a {q} of a core)",
             lambda v: _ge(v, 0.8),
         )
         for q in ("half", "third")

@@ -8,8 +8,9 @@ next wait; its timed compute then no longer shows that it is the slow rank. :fun
 waits in a nonblocking barrier tested between short sleeps (growing to ``POLL_MAX_S``), so a
 waiting rank uses almost no CPU; the collective that follows finds every rank there and only
 moves data, itself nonblocking and waited for the same way (on a slow link the transfer is the
-long part: a blocking allreduce spun for all of it). :func:`comm_seconds` totals the time spent inside collectives (waits, transfers and
-link emulation), so a rank's own time per step is its wall time minus that.
+long part: a blocking allreduce spun for all of it). :func:`comm_seconds` totals the time spent
+inside collectives (waits, transfers and link emulation), so a rank's own time per step is its
+wall time minus that.
 """
 
 from __future__ import annotations
