@@ -1,14 +1,19 @@
 """A rank's compute time at the CPU share it gets (no MPI): a CPU quota's stalls counted
-wherever they fall, the emulation's stretch kept, an idle core unchanged."""
+wherever they fall (also under a real quota, as root), the emulation's stretch kept, an idle
+core unchanged."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 import time
 
 import pytest
 
 from hethpc.batching import CpuShare
+from hethpc.testbed import Testbed, missing
 
 
 def test_a_dedicated_core_keeps_the_compute_time() -> None:
@@ -77,3 +82,47 @@ def test_the_emulated_stretch_is_added_and_kept_out_of_the_share() -> None:
         got = s.end_step(2 * real)
         assert got == pytest.approx(2 * real, rel=0.5)
     assert s.share == pytest.approx(1.0, rel=0.3)  # the sleep did not lower the share
+
+
+_QUOTA_STEPS = """
+import json, sys, time
+from hethpc.batching import CpuShare
+
+def work(s):
+    end = time.thread_time() + s
+    while time.thread_time() < end:
+        pass
+
+share = CpuShare(schedstat=sys.argv[1] == "1")
+owns, cpus = [], []
+t_end = time.perf_counter() + 4.0
+while time.perf_counter() < t_end:
+    share.begin_step()
+    share.begin_compute()
+    c0 = time.thread_time()
+    work(0.004)  # the forward and backward
+    share.end_compute()
+    cpus.append(time.thread_time() - c0)
+    time.sleep(0.003)  # a wait for the other rank that sleeps
+    work(0.004)  # the optimizer step and the next batch
+    owns.append(share.end_step(0.004))
+half = len(owns) // 2
+print(json.dumps({"share": share.share, "stretch": sum(owns[half:]) / sum(cpus[half:])}))
+"""
+
+
+@pytest.mark.skipif(bool(missing()), reason="a CPU quota needs " + "; ".join(missing()))
+@pytest.mark.skipif(not CpuShare().schedstat, reason="no /proc/thread-self/schedstat here")
+@pytest.mark.timeout(90)
+def test_a_real_quota_stretches_the_compute_by_its_share() -> None:
+    """Under a third of a core, stalls that land anywhere in the step (in the work after the
+    forward and backward, in the wait) make the compute time about 3x its CPU time."""
+    with Testbed([{"cpu": 0.33}], name="tbusy") as bed:
+        proc = subprocess.run(
+            bed.node_argv(0, [sys.executable, "-c", _QUOTA_STEPS, "1"]), capture_output=True,
+            text=True, timeout=60, env=bed.env(),
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["share"] == pytest.approx(0.33, rel=0.15), got
+    assert got["stretch"] == pytest.approx(1 / 0.33, rel=0.15), got
