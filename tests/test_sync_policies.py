@@ -157,6 +157,7 @@ def test_staleness_bound(bound: int | None, decisions: str, forced: int) -> None
     assert "".join(r.decision[0] for r in policy.records) == decisions
     assert [r.votes for r in policy.records] == [1] + [0] * 6
     assert policy.forced_syncs == forced
+    assert policy.summary_fields() == {"warmup_syncs": 1, "voted_syncs": 0, "forced_syncs": forced}
 
 
 def test_layer_sum_norm_is_recorded() -> None:

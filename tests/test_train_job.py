@@ -499,3 +499,28 @@ def test_csv_tensorboard_and_plain_progress_lines(cache: Path, tmp_path: Path) -
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "batch/rank0", "batch/rank1", "test/acc"} <= tags, tags
     assert [e.step for e in events.Scalars("train/loss")] == list(range(50))
+
+
+def test_a_validation_split_is_held_out_and_scored_every_k_steps(
+    cache: Path, tmp_path: Path
+) -> None:
+    """--val-fraction 0.2 trains on 80 % of the training samples and scores the held-out
+    fifth beside the test split every --eval-every-steps steps, with the time spent
+    evaluating kept out of train_time."""
+    run = tmp_path / "val"
+    proc, _ = _launch(_args(cache, run, "--val-fraction", "0.2", "--eval-every-steps", "5",
+                            "--sync", "selsync", "--partition", "labels", "--labels-per-rank", "6",
+                            "--checkpoint-every", "0"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1280 train / 320 validation / 400 test samples" in proc.stdout
+    evals = [m for m in read_metrics(run / "metrics" / "rank0.jsonl") if m["kind"] == "epoch"]
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    assert [m["step"] + 1 for m in evals] == list(range(5, steps + 1, 5)), steps
+    assert all(0 <= m["val_acc"] <= 1 and 0 <= m["test_acc"] <= 1 for m in evals)
+    clocks = [m["time"] - m["train_time"] for m in evals]  # evaluation seconds before each
+    assert clocks[0] == 0 and all(b > a for a, b in zip(clocks, clocks[1:], strict=False))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["val_acc"] > 0.2 and summary["eval_s"] > 0
+    assert summary["train_time_s"] == pytest.approx(summary["time_s"] - summary["eval_s"])
+    syncs = summary["warmup_syncs"] + summary["voted_syncs"] + summary["forced_syncs"]
+    assert syncs == summary["synced_steps"]

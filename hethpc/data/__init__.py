@@ -6,6 +6,7 @@ from hethpc.data import sources
 from hethpc.data.adapt import as_dataset, from_arrays, from_torch
 from hethpc.data.balance import Rebalancer, proportional_shares, transfer_plan
 from hethpc.data.errors import DatasetError, LoaderError, PartitionError, ShardError
+from hethpc.data.holdout import holdout, holdout_indices
 from hethpc.data.injection import Injector, local_batch_size, senders, share_size
 from hethpc.data.loader import Loader
 from hethpc.data.manifest import Manifest, ShardInfo
@@ -52,6 +53,8 @@ __all__ = [
     "block_shuffle_windows",
     "from_arrays",
     "from_torch",
+    "holdout",
+    "holdout_indices",
     "load_mnist1d",
     "local_batch_size",
     "make_partitioner",

@@ -49,8 +49,9 @@ class SelSync(SyncPolicy):
             ``"delta"``, ``"delta_mean"``; see :class:`SignificanceTracker`.
         max_local_steps: a staleness bound: synchronise anyway after this many local steps in
             a row (all ranks count the same steps, so they agree; 0 is BSP). None (default):
-            no bound, the votes alone decide. Syncs that no rank voted for are counted in
-            :attr:`forced_syncs`.
+            no bound, the votes alone decide. Syncs are counted by why they came:
+            :attr:`warmup_syncs` (the tracker's warm-up), :attr:`voted_syncs` (a rank found
+            its step significant) and :attr:`forced_syncs` (only the bound asked).
         group: the ranks that synchronise together (default: the world).
         keep_records: keep every step's record.
         outer: an :class:`~hethpc.sync.outer.OuterOptimizer` stepping after every parameter
@@ -113,6 +114,8 @@ class SelSync(SyncPolicy):
         )  # fmt: skip
         self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
         self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
+        self.warmup_syncs = 0  # syncs in the tracker's warm-up (every rank votes yes)
+        self.voted_syncs = 0  # syncs after it that some rank voted for
         self.forced_syncs = 0  # syncs that only the staleness bound asked for
         self._local_run = 0  # local steps since the last sync (equal on every rank)
         self.aggregation: Aggregation = aggregation
@@ -152,6 +155,8 @@ class SelSync(SyncPolicy):
         if synced:
             self.tracker.synced()
             self.forced_syncs += int(votes == 0)
+            self.warmup_syncs += int(votes > 0 and sig.warmup)
+            self.voted_syncs += int(votes > 0 and not sig.warmup)
             self._local_run = 0
         else:
             self._local_run += 1
@@ -182,6 +187,16 @@ class SelSync(SyncPolicy):
             "max_local_steps": self.max_local_steps,
             "local_run": self._local_run,
             "forced_syncs": self.forced_syncs,
+            "warmup_syncs": self.warmup_syncs,
+            "voted_syncs": self.voted_syncs,
+        }
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Why its syncs came: the warm-up, a vote, or the staleness bound alone."""
+        return {
+            "warmup_syncs": self.warmup_syncs,
+            "voted_syncs": self.voted_syncs,
+            "forced_syncs": self.forced_syncs,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -195,3 +210,5 @@ class SelSync(SyncPolicy):
         self.tracker.load_state_dict(state["tracker"])
         self._local_run = int(state["local_run"])
         self.forced_syncs = int(state["forced_syncs"])
+        self.warmup_syncs = int(state.get("warmup_syncs", 0))  # absent before 2026-12-05
+        self.voted_syncs = int(state.get("voted_syncs", 0))

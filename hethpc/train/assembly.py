@@ -62,8 +62,13 @@ def assemble(
     model: nn.Module,
     train_set: ArrayDataset | ShardedDataset,
     test_set: ArrayDataset | None,
+    *,
+    keep: np.ndarray | None = None,
 ) -> RunParts:
     """Check the model, broadcast rank 0's weights and build the run's parts (a collective).
+
+    ``keep``: the training samples the loaders may use (the others are held out for
+    validation); None: all.
 
     Raises:
         ModelMismatchError: the ranks built different models.
@@ -75,7 +80,9 @@ def assemble(
     module = engine.module
     if test_set is None and engine.collective_eval:
         raise ConfigError("pipeline runs need test data to evaluate (test_data)")
-    loader = parts.make_loader(cfg, train_set, rank=engine.replica, world_size=engine.replicas)
+    loader = parts.make_loader(
+        cfg, train_set, rank=engine.replica, world_size=engine.replicas, keep=keep
+    )
     partition_lengths = (
         None
         if cfg.partition in ("iid", "seldp")
@@ -93,7 +100,7 @@ def assemble(
     if spe < 1:
         raise ConfigError(
             f"batch_size = {cfg.batch_size} (--batch-size) is larger than the training set of "
-            f"{len(train_set)} samples; use a smaller batch"
+            f"{len(train_set) if keep is None else len(keep)} samples; use a smaller batch"
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
     optimizer, scheduler = make_optimizer(cfg, module, total)

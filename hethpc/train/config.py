@@ -48,7 +48,12 @@ class TrainConfig:
         "mnist1d", "'mnist1d' (generated and cached on first use) or an HDF5 shard directory"
     )
     samples: int = _f(20_000, "MNIST-1D samples to generate (80% train, 20% test)")
-    data_seed: int = _f(42, "seed of the generated MNIST-1D data")
+    val_fraction: float = _f(
+        0.0,
+        "hold out this fraction of the training samples (drawn by --data-seed, before any "
+        "partition) as a validation split, scored as val_acc at every evaluation; 0: none",
+    )
+    data_seed: int = _f(42, "seed of the generated MNIST-1D data and of --val-fraction's split")
     cache_dir: str = _f(
         "", "where generated data sets are cached (default ~/.cache/hethpc)", local=True
     )
@@ -228,6 +233,12 @@ class TrainConfig:
     # Reliability and output
     eval_every: int = _f(
         1, "epochs between test evaluations on rank 0 (0: only at the end)", operational=True
+    )
+    eval_every_steps: int = _f(
+        0,
+        "steps between evaluations, instead of --eval-every epochs (0: by epochs); each "
+        "evaluation's record has the run's time and its time without evaluations",
+        operational=True,
     )
     run_dir: str = _f(
         "",

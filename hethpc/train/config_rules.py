@@ -100,6 +100,7 @@ def validate(cfg: TrainConfig) -> None:
         "max_steps",
         "checkpoint_every",
         "eval_every",
+        "eval_every_steps",
         "max_skipped_steps",
         "watchdog_s",
         "watchdog_max_s",
@@ -112,6 +113,12 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"{name} must not be negative, got {getattr(cfg, name)}", key=name
             )
+    if not 0.0 <= cfg.val_fraction < 0.5:
+        raise ConfigError(
+            f"val_fraction must be in [0, 0.5), got {cfg.val_fraction}; it is the share of the "
+            "training samples held out for validation (0.1 holds out a tenth)",
+            key="val_fraction",
+        )
     for name in ("inject_alpha", "inject_beta"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ConfigError(f"{name} must be in [0, 1], got {getattr(cfg, name)}", key=name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 
 from hethpc import comm
@@ -12,20 +13,29 @@ from hethpc.train.assembly import RunParts
 from hethpc.train.config import TrainConfig
 from hethpc.train.evaluation import Metric, evaluate
 from hethpc.train.metrics import MetricsWriter
+from hethpc.train.tally import Tally
 
 
 def describe(key: str, score: float) -> str:
     """``test accuracy 91.2%`` or ``test mse 0.0123``, for the log."""
-    if key == "test_acc":
-        return f"test accuracy {100 * score:.1f}%"
-    return f"{key.replace('_', ' ')} {score:.4g}"
+    split, _, name = key.partition("_")
+    split = {"val": "validation"}.get(split, split)
+    if name == "acc":
+        return f"{split} accuracy {100 * score:.1f}%"
+    return f"{split} {name.replace('_', ' ')} {score:.4g}"
 
 
 class EpochEnd:
     """The work after a step that ends an epoch, built once per run; called after every step.
 
+    Records are flushed at every epoch's end; the model is evaluated every ``eval_every``
+    epochs, or every ``eval_every_steps`` steps when that is set. An evaluation record (kind
+    ``epoch``) has the run's seconds (``time``) and the seconds without any evaluation
+    (``train_time``: the clock stopped while evaluating, so that methods that evaluate the
+    same number of times compare alike).
+
     Args:
-        cfg: the run's settings (``eval_every`` epochs between evaluations).
+        cfg: the run's settings.
         run: the run's parts.
         test_set: evaluated with ``metric``; None: never.
         metric: ``metric(model(x), y)``, a batch mean.
@@ -33,6 +43,8 @@ class EpochEnd:
         metrics: where the epoch records go.
         tick: called while evaluating (the watchdog's kick).
         say: where rank 0's messages go.
+        val_set: a held-out validation split, scored beside ``test_set`` (``val_acc``).
+        tally: the run's counts; the seconds spent evaluating go into ``tally.eval_s``.
     """
 
     def __init__(
@@ -46,40 +58,66 @@ class EpochEnd:
         metrics: MetricsWriter,
         tick: Callable[[], None],
         say: Callable[[str], None],
+        val_set: ArrayDataset | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self.cfg, self.run, self.test_set, self.metric, self.key = cfg, run, test_set, metric, key
         self.metrics, self.tick, self.say = metrics, tick, say
+        self.val_set, self.tally = val_set, tally if tally is not None else Tally()
+        self.val_key = "val" + key.removeprefix("test")
         self.rank = comm.rank()
         # Replicas that step locally are scored as their average (what the run would end
         # with), taken on every rank (a collective) into a copy.
         self.average = cfg.sync != "bsp" and not run.engine.saves_own_state and comm.size() > 1
 
     def __call__(self, step: int, *, weight: float, now: float) -> None:
-        """After step ``step`` (run seconds ``now``): flush, evaluate and log at an epoch's end.
+        """After step ``step`` (run seconds ``now``): flush at an epoch's end, evaluate and log
+        when one is due.
 
-        A collective on the epochs that evaluate a pipeline or an average of replicas.
+        A collective on the steps that evaluate a pipeline or an average of replicas.
         """
-        spe, engine, test_set = self.run.steps_per_epoch, self.run.engine, self.test_set
-        if (step + 1) % spe != 0:
+        spe = self.run.steps_per_epoch
+        if (step + 1) % spe == 0:
+            self.metrics.flush()
+        if self.cfg.eval_every_steps:
+            due = (step + 1) % self.cfg.eval_every_steps == 0
+        else:
+            every = self.cfg.eval_every * spe
+            due = bool(every) and (step + 1) % every == 0
+        if not due or (self.test_set is None and self.val_set is None):
             return
-        self.metrics.flush()
-        every = self.cfg.eval_every * spe
-        if test_set is None or not every or (step + 1) % every != 0:
-            return
-        if engine.collective_eval or self.average:
-            if engine.collective_eval:
-                got = engine.evaluate(test_set, self.metric, tick=self.tick)
-            else:
-                scored = copy.deepcopy(self.run.module)
-                average_model_(scored, weight=weight, group=engine.group)
-                got = 0.0
-                if self.rank == 0:
-                    got = evaluate(scored, test_set, metric=self.metric, tick=self.tick)
-        elif self.rank == 0:
-            got = engine.evaluate(test_set, self.metric, tick=self.tick)
+        t0 = time.perf_counter()
+        scores = self._scores(weight)
+        train_time = now - self.tally.eval_s
+        self.tally.eval_s += time.perf_counter() - t0
         if self.rank == 0:
-            self.metrics.write("epoch", step=step, epoch=step // spe, time=now, **{self.key: got})
-            self.say(
-                f"epoch {(step + 1) // spe}/{self.cfg.epochs}  {describe(self.key, got)}  "
-                f"({now:.1f} s)"
+            self.metrics.write(
+                "epoch", step=step, epoch=step // spe, time=now, train_time=train_time, **scores
             )
+            where = (
+                f"step {step + 1}" if self.cfg.eval_every_steps
+                else f"epoch {(step + 1) // spe}/{self.cfg.epochs}"
+            )  # fmt: skip
+            said = "  ".join(describe(k, v) for k, v in scores.items())
+            self.say(f"{where}  {said}  ({now:.1f} s)")
+
+    def _scores(self, weight: float) -> dict[str, float]:
+        """``metric`` on the test and validation splits there are (rank 0's figures; a
+        collective for a pipeline or an average of replicas)."""
+        engine = self.run.engine
+        pairs = ((self.key, self.test_set), (self.val_key, self.val_set))
+        splits = [(k, d) for k, d in pairs if d is not None]
+        if engine.collective_eval:
+            return {k: engine.evaluate(d, self.metric, tick=self.tick) for k, d in splits}
+        if self.average:  # the replicas' average, taken on every rank into a copy
+            scored = copy.deepcopy(self.run.module)
+            average_model_(scored, weight=weight, group=engine.group)
+            return {
+                k: evaluate(scored, d, metric=self.metric, tick=self.tick) if self.rank == 0
+                else 0.0
+                for k, d in splits
+            }  # fmt: skip
+        return {
+            k: engine.evaluate(d, self.metric, tick=self.tick) if self.rank == 0 else 0.0
+            for k, d in splits
+        }

@@ -27,6 +27,7 @@ def summarize(
     elapsed: float,
     emulated: LinkStats,
     run_dir: Path,
+    val_score: float | None = None,
 ) -> dict[str, Any]:
     """The run's summary (a collective: the losses come from the rank that computes them).
 
@@ -54,7 +55,10 @@ def summarize(
     summary = {
         **policy_figures,
         key: score,
+        **({"val" + key.removeprefix("test"): val_score} if val_score is not None else {}),
         "time_s": elapsed,
+        "eval_s": tally.eval_s,
+        "train_time_s": elapsed - tally.eval_s,
         "steps": total,
         "synced_steps": synced,
         "samples_per_s": done * cfg.batch_size / max(elapsed - elapsed0, 1e-9) if done else None,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.data import ArrayDataset, ShardedDataset
+from hethpc.data import ArrayDataset, ShardedDataset, holdout
 from hethpc.train import parts
 from hethpc.train.assembly import assemble
 from hethpc.train.build import build, check_outputs, load_data
@@ -139,7 +139,10 @@ def run_training(
     say = log if rank == 0 else (lambda _msg: None)
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
     key = metric_key(metric)
-    run = assemble(cfg, model, train_set, test_set)
+    keep, val_set = (
+        holdout(train_set, cfg.val_fraction, cfg.data_seed) if cfg.val_fraction else (None, None)
+    )
+    run = assemble(cfg, model, train_set, test_set, keep=keep)
     engine, module, policy, total = run.engine, run.module, run.policy, run.total
     tally = Tally()
     ckpts = RunCheckpoints(cfg, run_dir, engine, run.components, tally)
@@ -148,8 +151,10 @@ def run_training(
         ckpts.resume(say)
     start = tally.start
     say(
-        f"hethpc: {engine.describe()}, model {cfg.model}, {len(train_set)} train / "
-        f"{len(test_set or ())} test samples, global batch {cfg.batch_size}, "
+        f"hethpc: {engine.describe()}, model {cfg.model}, "
+        f"{len(train_set) if keep is None else len(keep)} train / "
+        + (f"{len(val_set)} validation / " if val_set is not None else "")
+        + f"{len(test_set or ())} test samples, global batch {cfg.batch_size}, "
         f"{run.steps_per_epoch} steps per epoch, {total} steps, sync {cfg.sync}, batching "
         f"{cfg.batching}, partition {cfg.partition}"
     )
@@ -187,8 +192,9 @@ def run_training(
         guard=guard, metrics=metrics, dog=dog, bar=bar, say=say,
     )  # fmt: skip
     epoch_end = EpochEnd(
-        cfg, run, test_set, metric=metric, key=key, metrics=metrics, tick=tick, say=say
-    )
+        cfg, run, test_set, metric=metric, key=key, metrics=metrics, tick=tick, say=say,
+        val_set=val_set, tally=tally,
+    )  # fmt: skip
     try:
         with dog, frozen_heap():
             for step in range(start, total):
@@ -211,9 +217,11 @@ def run_training(
             dog.kick(total, "sync")
             parts.finish_policy(policy, module)
             policy.close()
-            score = None
+            score = val_score = None
             if test_set is not None:
                 score = engine.evaluate(test_set, metric, tick=tick)
+            if val_set is not None:
+                val_score = engine.evaluate(val_set, metric, tick=tick)
     finally:
         emulated = comm.link_stats()
         comm.set_link(None)
@@ -221,6 +229,7 @@ def run_training(
         if guard is not None:
             guard.remove()
     summary = summarize(
-        cfg, run, tally, key=key, score=score, elapsed=elapsed, emulated=emulated, run_dir=run_dir
-    )
+        cfg, run, tally, key=key, score=score, elapsed=elapsed, emulated=emulated,
+        run_dir=run_dir, val_score=val_score,
+    )  # fmt: skip
     return RunResult(summary=summary, model=module, run_dir=run_dir, checkpoint=last_path)

@@ -41,9 +41,17 @@ def labels_of(dataset: ArrayDataset | ShardedDataset) -> np.ndarray:
 
 
 def make_loader(
-    cfg: TrainConfig, train: ArrayDataset | ShardedDataset, *, rank: int, world_size: int
+    cfg: TrainConfig,
+    train: ArrayDataset | ShardedDataset,
+    *,
+    rank: int,
+    world_size: int,
+    keep: np.ndarray | None = None,
 ) -> Loader:
     """This rank's training loader: IID or SelDP over all samples, or its own partition.
+
+    ``keep``: the sample indices training may use (the rest are a held-out validation split);
+    None: all of them. A partition is drawn over all samples, then filtered by it.
 
     Batches of an in-memory dataset are read in line (a copy of a few rows; a prefetch
     thread would only add thread hand-offs to every step); HDF5 shards are prefetched while
@@ -56,6 +64,7 @@ def make_loader(
             rank=rank,
             world_size=world_size,
             mode=cfg.partition,
+            indices=keep,
             seed=cfg.seed,
             prefetch=prefetch,
         )
@@ -66,6 +75,8 @@ def make_loader(
     )
     name = "label_skew" if cfg.partition == "labels" else cfg.partition
     idx = make_partitioner(name, **kw).indices(labels_of(train), world_size, rank, cfg.seed)
+    if keep is not None:
+        idx = idx[np.isin(idx, keep)]
     return Loader(
         train,
         rank=rank,

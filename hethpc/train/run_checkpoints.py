@@ -106,6 +106,7 @@ class RunCheckpoints:
             counters = state.get("counters", {})
             tally.synced = int(counters.get("synced", 0))
             tally.skipped = int(counters.get("skipped", 0))
+            tally.eval_s = float(counters.get("eval_s", 0.0))
             same = restore_state(state, self.components, seed=cfg.seed)
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {tally.start}{how}")
@@ -121,7 +122,7 @@ class RunCheckpoints:
             elapsed_s=tally.elapsed(),
             config=self.cfg.to_dict(),
             replicas_differ=self.own_state,
-            counters={"synced": tally.synced, "skipped": tally.skipped},
+            counters={"synced": tally.synced, "skipped": tally.skipped, "eval_s": tally.eval_s},
         )
         path = self.manager.save(state, step) if state is not None else None
         dog.kick(step, "barrier")

@@ -52,11 +52,12 @@ def gather_state(
     elapsed_s: float,
     config: dict[str, Any],
     replicas_differ: bool,
-    counters: dict[str, int] | None = None,
+    counters: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """Collect the checkpoint state from every rank (a collective); returned on rank 0 only.
 
-    ``counters`` are the job's own tallies (synchronised and skipped steps), kept as they are.
+    ``counters`` are the job's own tallies (synchronised and skipped steps, seconds spent
+    evaluating), kept as they are.
     """
     model, optimizer = components.model, components.optimizer
     mine: dict[str, Any] = {

@@ -19,6 +19,7 @@ class Tally:
         t0: ``time.perf_counter()`` when this process's first step began.
         synced: steps that synchronised (the job's own count, carried across a resume).
         skipped: steps skipped for a non-finite loss or gradient (likewise carried).
+        eval_s: seconds spent in evaluations during the run (likewise carried).
         seen: samples of the global batches stepped by this process.
         in_a_row: the latest run of consecutive skipped steps.
         first_loss: the first finite step's loss (a tensor; None before it).
@@ -30,6 +31,7 @@ class Tally:
     t0: float = 0.0
     synced: int = 0
     skipped: int = 0
+    eval_s: float = 0.0
     seen: int = 0
     in_a_row: int = 0
     first_loss: torch.Tensor | None = None
