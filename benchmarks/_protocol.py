@@ -1,0 +1,102 @@
+"""The evidence protocol's arithmetic (docs/evaluation.md), apart from any training: time to a
+target without interpolation, the choice of a setting, medians with their spread."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Curve = Sequence[tuple[float, float]]  # (seconds without evaluations, metric), in order
+
+METHOD_KEYS = ("knob", "values")
+SCENARIO_KEYS = ("description", "ranks", "methods")
+PROTOCOL_KEYS = ("margin", "eval_every_samples", "tune_seed", "seeds", "lr", "batch")
+
+
+def first_at_or_above(curve: Curve, target: float) -> float | None:
+    """The time of the first evaluation at or above ``target`` (no interpolation); None if no
+    evaluation reaches it."""
+    for t, v in curve:
+        if v >= target:
+            return t
+    return None
+
+
+def pick(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The candidate with the earliest ``tta`` (seconds to the target on validation; None:
+    never), ties and all-never broken by the higher ``final`` validation metric."""
+    if not candidates:
+        raise ValueError("no candidates to pick from")
+    return min(
+        candidates,
+        key=lambda c: (math.inf if c["tta"] is None else c["tta"], -c["final"]),
+    )
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, min and max of the values that exist, and how many of all exist."""
+    got = [v for v in values if v is not None]
+    return {
+        "median": statistics.median(got) if got else None,
+        "min": min(got) if got else None,
+        "max": max(got) if got else None,
+        "n": len(got),
+        "of": len(values),
+    }
+
+
+def eval_every_steps(samples: int, batch: int) -> int:
+    """Steps between evaluations so that every method is evaluated every ``samples`` samples."""
+    return max(1, round(samples / batch))
+
+
+def load_workload(path: Path) -> dict[str, Any]:
+    """A workload file: ``[base]`` settings, ``[protocol]``, ``[methods.*]``, ``[scenarios.*]``.
+
+    Raises:
+        SystemExit: a missing part or key, or a scenario naming an unknown method (one line
+            naming the file and the key).
+    """
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise SystemExit(f"{path}: cannot read the workload: {e}") from None
+    for part in ("base", "protocol", "methods", "scenarios"):
+        if not isinstance(data.get(part), dict) or not data[part]:
+            raise SystemExit(f"{path}: the workload needs a [{part}] table")
+    for key in PROTOCOL_KEYS:
+        if key not in data["protocol"]:
+            raise SystemExit(f"{path}: [protocol] needs {key}")
+    for name, m in data["methods"].items():
+        if ("knob" in m) != ("values" in m) or ("values" in m and not m["values"]):
+            raise SystemExit(f"{path}: [methods.{name}] needs knob and values together")
+    for name, s in data["scenarios"].items():
+        for key in SCENARIO_KEYS:
+            if key not in s:
+                raise SystemExit(f"{path}: [scenarios.{name}] needs {key}")
+        unknown = sorted(set(s["methods"]) - set(data["methods"]))
+        if unknown:
+            raise SystemExit(
+                f"{path}: [scenarios.{name}] names unknown methods {unknown}; define them as "
+                "[methods.NAME]"
+            )
+        if "bsp" not in s["methods"]:
+            raise SystemExit(f"{path}: [scenarios.{name}] needs the baseline method bsp")
+    return data
+
+
+def method_settings(method: Mapping[str, Any], knob_value: Any = None) -> dict[str, Any]:
+    """A method's TrainConfig settings, its knob at ``knob_value`` (None: its first value)."""
+    kw = {k: v for k, v in method.items() if k not in METHOD_KEYS}
+    if "knob" in method:
+        kw[method["knob"]] = method["values"][0] if knob_value is None else knob_value
+    return kw
+
+
+def scenario_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """A scenario's TrainConfig settings."""
+    return {k: v for k, v in scenario.items() if k not in SCENARIO_KEYS}

@@ -1,0 +1,283 @@
+"""The evidence protocol (docs/evaluation.md): every method tuned alike on a validation split,
+then measured over seeds, interleaved, against BSP tuned the same way.
+
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_evidence.py
+    .venv/bin/python benchmarks/bench_evidence.py --only demo --tables /tmp/evidence.md
+    .venv/bin/python benchmarks/bench_evidence.py --quick        # minutes: the tests run it
+
+A workload is a file of settings (``benchmarks/workloads/mnist1d.toml``): the settings of every
+run, the protocol's grid, seeds and margin, the methods with their own knob, the scenarios.
+Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
+
+1. **Tuning** (seed ``tune_seed``): every method trains at every (learning rate, global batch)
+   of the grid, its knob at its first value; then at its best pair, at its knob's other
+   values. Every run holds out the same validation split (``val_fraction``) and is evaluated
+   every ``eval_every_samples`` samples, with the clock stopped while it evaluates.
+2. **The target**: BSP's best final validation accuracy in its grid minus ``margin``, fixed
+   before any other choice.
+3. **The choice**: each method's setting is the one that reached the target on validation
+   soonest (none reached it: the highest final validation accuracy).
+4. **Measuring**: every method at its choice, once per seed in ``seeds`` (not the tuning
+   seed), the methods in a random order per seed. Per run: seconds to the target on
+   validation (the first evaluation at or above it, clock stopped while evaluating), the same
+   on the test split, final accuracies, syncs by cause, batch sizes.
+
+The last line is one JSON object: per scenario the target, every tuning run, each method's
+choice, every measuring run, and the medians; ``goals`` has the ratios (a method's median time
+to the target over the tuned BSP's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _launch import ROOT, under_mpi
+from _protocol import (
+    eval_every_steps,
+    first_at_or_above,
+    load_workload,
+    method_settings,
+    pick,
+    scenario_settings,
+    spread,
+)
+from _scratch import scratch
+
+from hethpc import comm
+from hethpc.train import TrainConfig, read_metrics, train
+
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "mnist1d.toml"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def quick(work: dict[str, Any]) -> dict[str, Any]:
+    """The protocol in miniature, for the tests: one scenario, two methods, tiny runs."""
+    name = next(iter(work["scenarios"]))
+    scen = {**work["scenarios"][name], "methods": ["bsp", work["scenarios"][name]["methods"][-1]]}
+    methods = {m: dict(work["methods"][m]) for m in scen["methods"]}
+    for m in methods.values():
+        if "values" in m:
+            m["values"] = m["values"][:2]
+    return {
+        **work,
+        "base": {**work["base"], "samples": 2000, "epochs": 1, "val_fraction": 0.2},
+        "protocol": {**work["protocol"], "lr": [0.1], "batch": [64], "seeds": [0, 1],
+                     "eval_every_samples": 320},  # fmt: skip
+        "methods": methods,
+        "scenarios": {name: scen},
+    }
+
+
+def run_one(settings: dict[str, Any], new_dir: Callable[[str], str], tag: str) -> dict[str, Any]:
+    """Train once; the curves by seconds without evaluations, the finals, the syncs."""
+    run_dir = Path(new_dir(tag))
+    cfg = TrainConfig(**settings, run_dir=str(run_dir), progress=False)
+    comm.barrier()
+    s = train(cfg, log=lambda _m: None).summary
+    recs: list[dict[str, Any]] = []
+    if comm.rank() == 0:
+        recs = read_metrics(run_dir / "metrics" / "rank0.jsonl")
+        recs = [r for r in recs if r["kind"] == "epoch"]
+    recs = comm.broadcast_object(recs)
+    return {
+        "val": [(r["train_time"], r["val_acc"]) for r in recs],
+        "test": [(r["train_time"], r["test_acc"]) for r in recs],
+        "final_val": s["val_acc"],
+        "final_test": s["test_acc"],
+        "train_time_s": s["train_time_s"],
+        "time_s": s["time_s"],
+        "sync_fraction": s["sync_fraction"],
+        "syncs": {k: s[k] for k in ("warmup_syncs", "voted_syncs", "forced_syncs") if k in s},
+        "sizes": s["final_batch_sizes"],
+    }
+
+
+def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None]) -> dict:
+    """Tune, fix the target, choose and measure in one scenario (a collective)."""
+    proto, scen = work["protocol"], work["scenarios"][name]
+    methods = scen["methods"]
+    base = {**work["base"], **scenario_settings(scen)}
+
+    def settings(method: str, lr: float, batch: int, knob: Any, seed: int) -> dict[str, Any]:
+        every = eval_every_steps(proto["eval_every_samples"], batch)
+        return {**base, **method_settings(work["methods"][method], knob), "lr": lr,
+                "batch_size": batch, "seed": seed, "eval_every_steps": every}  # fmt: skip
+
+    tuning: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    with scratch("hethpc-evidence-") as new_dir:
+        for m in methods:  # 1. the grid, each method's knob at its first value
+            for lr in proto["lr"]:
+                for batch in proto["batch"]:
+                    r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m)
+                    knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
+                    tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
+                    say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: val "
+                        f"{100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")  # fmt: skip
+        target = max(t["final_val"] for t in tuning["bsp"]) - proto["margin"]  # 2.
+        say(f"  {name}: target {100 * target:.2f} % validation accuracy")
+
+        def candidates(m: str) -> list[dict[str, Any]]:
+            for t in tuning[m]:
+                t["tta"] = first_at_or_above(t["val"], target)
+                t["final"] = t["final_val"]
+            return tuning[m]
+
+        chosen: dict[str, dict[str, Any]] = {}
+        for m in methods:  # 3. the grid's best, then the knob's other values there
+            best = pick(candidates(m))
+            for value in work["methods"][m].get("values", [])[1:]:
+                r = run_one(settings(m, best["lr"], best["batch"], value, proto["tune_seed"]),
+                            new_dir, m)  # fmt: skip
+                tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
+                say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
+                    f"{value}: val {100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")
+            best = pick(candidates(m))
+            chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
+            say(f"  {name} {m}: chose {chosen[m]} (to target on validation: {best['tta']})")
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+        for seed in proto["seeds"]:  # 4. interleaved, a random order per seed
+            order = list(methods)
+            random.Random(1000 + seed).shuffle(order)
+            for m in order:
+                c = chosen[m]
+                r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m)
+                r.update(seed=seed, order=order.index(m),
+                         tta_val=first_at_or_above(r["val"], target),
+                         tta_test=first_at_or_above(r["test"], target))  # fmt: skip
+                runs[m].append(r)
+                say(f"  measure {name} seed {seed} {m:16} to target {r['tta_val']} s; test "
+                    f"{100 * r['final_test']:.2f} %")
+    for t in (x for ts in tuning.values() for x in ts):
+        t.pop("test")  # tuning never looks at the test split; keep it out of the record
+    medians = {
+        m: {k: spread([r[k] for r in rs]) for k in ("tta_val", "tta_test", "final_test",
+                                                     "final_val", "train_time_s")}  # fmt: skip
+        for m, rs in runs.items()
+    }
+    return {"description": scen["description"], "ranks": scen["ranks"], "target": target,
+            "chosen": chosen, "tuning": tuning, "runs": runs, "medians": medians}  # fmt: skip
+
+
+def table(name: str, res: dict[str, Any]) -> str:
+    """One scenario's markdown table: each method's choice, medians [min..max], every seed."""
+    def fmt(s: dict[str, Any], scale: float = 1.0, unit: str = " s") -> str:
+        if s["median"] is None:
+            return f"never (0 of {s['of']})"
+        return (f"{scale * s['median']:.1f}{unit} [{scale * s['min']:.1f}..{scale * s['max']:.1f}]"
+                f" ({s['n']} of {s['of']})")  # fmt: skip
+
+    bsp = res["medians"]["bsp"]["tta_val"]["median"]
+    rows = [f"### {name}: {res['description']}", "",
+            f"Target: {100 * res['target']:.2f} % validation accuracy (tuned BSP's final "
+            "validation accuracy minus the margin).", "",
+            "| method | lr, batch, knob | to target, validation | / tuned BSP | to target, test "
+            "| final test acc | every seed: validation time to target |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for m, med in res["medians"].items():
+        c = res["chosen"][m]
+        t = med["tta_val"]["median"]
+        ratio = f"{t / bsp:.2f}x" if t is not None and bsp else "-"
+        seeds = " / ".join("never" if r["tta_val"] is None else f"{r['tta_val']:.1f}"
+                           for r in sorted(res["runs"][m], key=lambda r: r["seed"]))  # fmt: skip
+        syncs = res["runs"][m][0]["syncs"]
+        if syncs:
+            seeds += " (syncs warm-up/voted/forced, seed 0: " + "/".join(
+                str(syncs[k]) for k in ("warmup_syncs", "voted_syncs", "forced_syncs")) + ")"
+        rows.append(f"| {m} | {c['lr']}, {c['batch']}, {c['knob']} | {fmt(med['tta_val'])} | "
+                    f"{ratio} | {fmt(med['tta_test'])} | {fmt(med['final_test'], 100, ' %')} | "
+                    f"{seeds} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """Each method's median time to the target over the tuned BSP's, per scenario."""
+    out: dict[str, Any] = {}
+    for name, res in results.items():
+        bsp = res["medians"]["bsp"]["tta_val"]["median"]
+        for m, med in res["medians"].items():
+            t = med["tta_val"]["median"]
+            out[f"{name}_{m}_over_bsp"] = round(t / bsp, 3) if t and bsp else None
+            out[f"{name}_{m}_seeds_reaching"] = med["tta_val"]["n"]
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", type=Path, default=WORKLOAD, help="a workload file (TOML)")
+    p.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help="the protocol in miniature: one scenario, two methods, tiny runs")
+    p.add_argument("--tables", default="", help="also write the markdown tables to this file")
+    p.add_argument("--scenario", default="", help=argparse.SUPPRESS)  # a launched scenario
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = load_workload(args.workload)
+    if args.quick:
+        work = quick(work)
+    if under_mpi():  # one scenario's protocol, launched by the plain process below
+        comm.abort_on_exception()
+        comm.init()
+        say = print if comm.rank() == 0 else (lambda _m: None)
+        res = scenario_protocol(work, args.scenario, lambda m: say(m, flush=True))
+        if comm.rank() == 0:
+            Path(args.result).write_text(json.dumps(res))
+        return 0
+    names = [n for n in (args.only.split(",") if args.only else work["scenarios"]) if n]
+    unknown = sorted(set(names) - set(work["scenarios"]))
+    if unknown:
+        raise SystemExit(f"--only: unknown scenario(s) {unknown}; the workload has "
+                         f"{', '.join(work['scenarios'])}")  # fmt: skip
+    started, results = time.time(), {}
+    commit = _commit()
+    with tempfile.TemporaryDirectory(prefix="bench-evidence-") as d:
+        for name in names:
+            out = Path(d) / f"{name}.json"
+            ranks = int(work["scenarios"][name]["ranks"])
+            cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", str(ranks), sys.executable,
+                   str(Path(__file__).resolve()), "--workload", str(args.workload.resolve()),
+                   "--scenario", name, "--result", str(out), *(["--quick"] if args.quick else [])]
+            print(f"{name}: {work['scenarios'][name]['description']}", flush=True)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            env.setdefault("HETHPC_MPIRUN_TIMEOUT", "3600")
+            if subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode != 0:
+                raise SystemExit(f"bench_evidence: scenario {name} failed (its output is above)")
+            results[name] = json.loads(out.read_text())
+    text = "\n\n".join(table(n, r) for n, r in results.items())
+    print(text)
+    if args.tables:
+        Path(args.tables).write_text(
+            f"# The evidence protocol (benchmarks/bench_evidence.py)\n\nCommit {commit}, "
+            f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}.\n\n{text}\n"
+        )
+    print(json.dumps({**goals(results), "commit": commit, "workload": args.workload.name,
+                      "quick": args.quick, "seconds": round(time.time() - started),
+                      "detail": results}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
