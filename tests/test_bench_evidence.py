@@ -1,0 +1,113 @@
+"""bench_evidence, the evidence protocol: its arithmetic, its workload file, every scenario's
+settings valid, and a --quick run end to end (tuning, target, choice, seeds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _protocol  # noqa: E402
+import bench_evidence  # noqa: E402
+
+from hethpc.train import TrainConfig  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("curve", "target", "want"),
+    [
+        ([(1.0, 0.5), (2.0, 0.9)], 0.7, 2.0),
+        ([(1.0, 0.8)], 0.4, 1.0),
+        ([(1.0, 0.5), (2.0, 0.6)], 0.9, None),
+        ([(1.0, 0.9), (2.0, 0.95)], 0.9, 1.0),
+    ],
+    ids=["no-interpolation", "first-point", "never", "at-a-point"],
+)
+def test_time_to_target_is_the_first_evaluation_at_or_above(
+    curve: list, target: float, want: float | None
+) -> None:
+    assert _protocol.first_at_or_above(curve, target) == want
+
+
+def test_pick_prefers_the_earliest_then_the_better_final() -> None:
+    a = {"tta": 5.0, "final": 0.90}
+    b = {"tta": 4.0, "final": 0.80}
+    c = {"tta": None, "final": 0.99}
+    d = {"tta": 4.0, "final": 0.85}
+    assert _protocol.pick([a, b, c, d]) is d
+    assert _protocol.pick([c, {"tta": None, "final": 0.5}]) is c
+    with pytest.raises(ValueError):
+        _protocol.pick([])
+
+
+def test_spread_counts_the_runs_that_got_there() -> None:
+    s = _protocol.spread([3.0, None, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "of": 4}
+    assert _protocol.spread([None])["median"] is None
+
+
+def test_evaluations_every_so_many_samples() -> None:
+    assert [_protocol.eval_every_steps(3200, b) for b in (128, 256, 512)] == [25, 12, 6]
+
+
+def test_every_scenario_and_method_of_the_workload_is_a_valid_run() -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    for scen in work["scenarios"].values():
+        for m in scen["methods"]:
+            method = work["methods"][m]
+            for value in method.get("values", [None]):
+                kw = {**work["base"], **_protocol.scenario_settings(scen),
+                      **_protocol.method_settings(method, value)}  # fmt: skip
+                TrainConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[base]\nmodel='mlp'\n", r"needs a \[protocol\] table"),
+        ("[base]\na=1\n[protocol]\nmargin=0.1\n[methods.bsp]\nsync='bsp'\n[scenarios.x]\n"
+         "ranks=2\n", r"\[protocol\] needs eval_every_samples"),
+        (bench_evidence.WORKLOAD.read_text().replace('"selsync_dynamic"]', '"selsync_dynamc"]'),
+         r"unknown methods \['selsync_dynamc'\]"),
+        ("[base", r"cannot read the workload"),
+    ],
+    ids=["no-protocol", "missing-key", "typo-in-a-method", "not-toml"],
+)
+def test_a_bad_workload_is_one_line_naming_the_file(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match=match) as e:
+        _protocol.load_workload(path)
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
+@pytest.mark.timeout(600)
+def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick",
+         "--tables", str(tmp_path / "t.md")],
+        capture_output=True, text=True, timeout=560, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "540"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    (name, res), = result["detail"].items()
+    assert set(res["medians"]) == {"bsp", "selsync_dynamic"}
+    bsp_finals = [t["final_val"] for t in res["tuning"]["bsp"]]
+    assert res["target"] == pytest.approx(max(bsp_finals) - 0.005)
+    # the grid (one point in --quick), then the knob's other value at the best point
+    assert len(res["tuning"]["selsync_dynamic"]) == 2 and len(res["tuning"]["bsp"]) == 1
+    assert all("test" not in t for ts in res["tuning"].values() for t in ts)
+    for m, runs in res["runs"].items():
+        assert [r["seed"] for r in runs] == [0, 1], m
+        for r in runs:
+            assert r["val"] and r["tta_val"] in (None, *(t for t, _ in r["val"]))
+    assert f"### {name}" in (tmp_path / "t.md").read_text()
+    assert result["commit"]
