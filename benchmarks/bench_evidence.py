@@ -153,7 +153,8 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                     f"{value}: val {100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")
             best = pick(candidates(m))
             chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
-            say(f"  {name} {m}: chose {chosen[m]} (to target on validation: {best['tta']})")
+            reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
+            say(f"  {name} {m}: chose {chosen[m]} (to target on validation: {reached})")
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         for seed in proto["seeds"]:  # 4. interleaved, a random order per seed
             order = list(methods)
@@ -165,8 +166,9 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                          tta_val=first_at_or_above(r["val"], target),
                          tta_test=first_at_or_above(r["test"], target))  # fmt: skip
                 runs[m].append(r)
-                say(f"  measure {name} seed {seed} {m:16} to target {r['tta_val']} s; test "
-                    f"{100 * r['final_test']:.2f} %")
+                reached = "never" if r["tta_val"] is None else f"{r['tta_val']:.1f} s"
+                say(f"  measure {name} seed {seed} {m:16} to target {reached}; test "
+                    f"{100 * r['final_test']:.2f} %, syncs {r['syncs']}")
     for t in (x for ts in tuning.values() for x in ts):
         t.pop("test")  # tuning never looks at the test split; keep it out of the record
     medians = {
@@ -241,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if under_mpi():  # one scenario's protocol, launched by the plain process below
         comm.abort_on_exception()
         comm.init()
-        say = print if comm.rank() == 0 else (lambda _m: None)
-        res = scenario_protocol(work, args.scenario, lambda m: say(m, flush=True))
+        rank0 = comm.rank() == 0
+        res = scenario_protocol(work, args.scenario, lambda m: rank0 and print(m, flush=True))
         if comm.rank() == 0:
             Path(args.result).write_text(json.dumps(res))
         return 0
