@@ -12,15 +12,16 @@ Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
 1. **Tuning** (seed ``tune_seed``): every method trains at every (learning rate, global batch)
    of the grid, its knob at its first value; then at its best pair, at its knob's other
    values. Every run holds out the same validation split (``val_fraction``) and is evaluated
-   every ``eval_every_samples`` samples, with the clock stopped while it evaluates.
+   every ``eval_every_samples`` samples on the validation split, with the clock stopped while
+   it evaluates (the test split is scored once, at the end).
 2. **The target**: BSP's best final validation accuracy in its grid minus ``margin``, fixed
    before any other choice.
 3. **The choice**: each method's setting is the one that reached the target on validation
    soonest (none reached it: the highest final validation accuracy).
 4. **Measuring**: every method at its choice, once per seed in ``seeds`` (not the tuning
    seed), the methods in a random order per seed. Per run: seconds to the target on
-   validation (the first evaluation at or above it, clock stopped while evaluating), the same
-   on the test split, final accuracies, syncs by cause, batch sizes.
+   validation (the first evaluation at or above it, clock stopped while evaluating), the final
+   test and validation accuracies, syncs by cause, batch sizes.
 
 The last line is one JSON object: per scenario the target, every tuning run, each method's
 choice, every measuring run, and the medians; ``goals`` has the ratios (a method's median time
@@ -101,7 +102,6 @@ def run_one(settings: dict[str, Any], new_dir: Callable[[str], str], tag: str) -
     recs = comm.broadcast_object(recs)
     return {
         "val": [(r["train_time"], r["val_acc"]) for r in recs],
-        "test": [(r["train_time"], r["test_acc"]) for r in recs],
         "final_val": s["val_acc"],
         "final_test": s["test_acc"],
         "train_time_s": s["train_time_s"],
@@ -163,17 +163,14 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                 c = chosen[m]
                 r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m)
                 r.update(seed=seed, order=order.index(m),
-                         tta_val=first_at_or_above(r["val"], target),
-                         tta_test=first_at_or_above(r["test"], target))  # fmt: skip
+                         tta_val=first_at_or_above(r["val"], target))  # fmt: skip
                 runs[m].append(r)
                 reached = "never" if r["tta_val"] is None else f"{r['tta_val']:.1f} s"
                 say(f"  measure {name} seed {seed} {m:16} to target {reached}; test "
                     f"{100 * r['final_test']:.2f} %, syncs {r['syncs']}")
-    for t in (x for ts in tuning.values() for x in ts):
-        t.pop("test")  # tuning never looks at the test split; keep it out of the record
     medians = {
-        m: {k: spread([r[k] for r in rs]) for k in ("tta_val", "tta_test", "final_test",
-                                                     "final_val", "train_time_s")}  # fmt: skip
+        m: {k: spread([r[k] for r in rs])
+            for k in ("tta_val", "final_test", "final_val", "train_time_s")}
         for m, rs in runs.items()
     }
     return {"description": scen["description"], "ranks": scen["ranks"], "target": target,
@@ -192,8 +189,8 @@ def table(name: str, res: dict[str, Any]) -> str:
     rows = [f"### {name}: {res['description']}", "",
             f"Target: {100 * res['target']:.2f} % validation accuracy (tuned BSP's final "
             "validation accuracy minus the margin).", "",
-            "| method | lr, batch, knob | to target, validation | / tuned BSP | to target, test "
-            "| final test acc | every seed: validation time to target |",
+            "| method | lr, batch, knob | to target (validation) | / tuned BSP | final test acc "
+            "| final validation acc | every seed: time to target |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, med in res["medians"].items():
         c = res["chosen"][m]
@@ -206,8 +203,8 @@ def table(name: str, res: dict[str, Any]) -> str:
             seeds += " (syncs warm-up/voted/forced, seed 0: " + "/".join(
                 str(syncs[k]) for k in ("warmup_syncs", "voted_syncs", "forced_syncs")) + ")"
         rows.append(f"| {m} | {c['lr']}, {c['batch']}, {c['knob']} | {fmt(med['tta_val'])} | "
-                    f"{ratio} | {fmt(med['tta_test'])} | {fmt(med['final_test'], 100, ' %')} | "
-                    f"{seeds} |")  # fmt: skip
+                    f"{ratio} | {fmt(med['final_test'], 100, ' %')} | "
+                    f"{fmt(med['final_val'], 100, ' %')} | {seeds} |")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -59,6 +59,9 @@ def plot_curves(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     With pipeline stages only the last stage computes the loss: its file is read.
     """
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    # Runs with a validation split (--val-fraction) score it during training, the test at the end.
+    held = any(r.get("val_acc") is not None for run in runs for r in run["epochs"])
+    split = "val" if held else "test"
     for run in runs:
         with_loss = [recs for recs in run["steps"] if any(r.get("loss") is not None for r in recs)]
         r0 = with_loss[0] if with_loss else run["steps"][0]
@@ -68,19 +71,19 @@ def plot_curves(runs: list[dict[str, Any]], out: Path) -> list[Path]:
         axes[0, 1].plot(t[k - 1 :], _smooth(loss, k), label=run["name"])
         ep = run["epochs"]
         if ep:
-            acc = 100 * _col(ep, "test_acc")
+            acc = 100 * _col(ep, f"{split}_acc")
             axes[1, 0].plot(_col(ep, "step") + 1, acc, "o-", label=run["name"])
             line = axes[1, 1].plot(_col(ep, "time"), acc, "o-", label=run["name"])[0]
         final = run["summary"]
-        if final.get("test_acc") is not None and final.get("time_s") is not None:
+        if final.get(f"{split}_acc") is not None and final.get("time_s") is not None:
             # The averaged model's final score, after the last epoch's evaluation.
-            axes[1, 1].plot([final["time_s"]], [100 * final["test_acc"]], "*", ms=12,
+            axes[1, 1].plot([final["time_s"]], [100 * final[f"{split}_acc"]], "*", ms=12,
                             color=line.get_color() if ep else None,
                             label=f"{run['name']}: final (averaged)")  # fmt: skip
     for ax, (x, y) in zip(
         axes.flat,
         [("step", "training loss"), ("seconds", "training loss"),
-         ("step", "test accuracy (%)"), ("seconds", "test accuracy (%)")],
+         ("step", f"{split} accuracy (%)"), ("seconds", f"{split} accuracy (%)")],
         strict=True,
     ):  # fmt: skip
         ax.set_xlabel(x)

@@ -51,7 +51,8 @@ class TrainConfig:
     val_fraction: float = _f(
         0.0,
         "hold out this fraction of the training samples (drawn by --data-seed, before any "
-        "partition) as a validation split, scored as val_acc at every evaluation; 0: none",
+        "partition) as a validation split: the evaluations during training score it (val_acc) "
+        "and the test split is scored at the end only; 0: none",
     )
     data_seed: int = _f(42, "seed of the generated MNIST-1D data and of --val-fraction's split")
     cache_dir: str = _f(

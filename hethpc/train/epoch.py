@@ -29,7 +29,9 @@ class EpochEnd:
     """The work after a step that ends an epoch, built once per run; called after every step.
 
     Records are flushed at every epoch's end; the model is evaluated every ``eval_every``
-    epochs, or every ``eval_every_steps`` steps when that is set. An evaluation record (kind
+    epochs, or every ``eval_every_steps`` steps when that is set, on the validation split when
+    the run holds one out (the test split then waits for the end), else on the test split.
+    An evaluation record (kind
     ``epoch``) has the run's seconds (``time``) and the seconds without any evaluation
     (``train_time``: the clock stopped while evaluating, so that methods that evaluate the
     same number of times compare alike).
@@ -43,7 +45,7 @@ class EpochEnd:
         metrics: where the epoch records go.
         tick: called while evaluating (the watchdog's kick).
         say: where rank 0's messages go.
-        val_set: a held-out validation split, scored beside ``test_set`` (``val_acc``).
+        val_set: a held-out validation split, scored instead of ``test_set`` (``val_acc``).
         tally: the run's counts; the seconds spent evaluating go into ``tally.eval_s``.
     """
 
@@ -102,11 +104,14 @@ class EpochEnd:
             self.say(f"{where}  {said}  ({now:.1f} s)")
 
     def _scores(self, weight: float) -> dict[str, float]:
-        """``metric`` on the test and validation splits there are (rank 0's figures; a
-        collective for a pipeline or an average of replicas)."""
+        """``metric`` on the validation split, or on the test split without one (rank 0's
+        figure; a collective for a pipeline or an average of replicas)."""
         engine = self.run.engine
-        pairs = ((self.key, self.test_set), (self.val_key, self.val_set))
-        splits = [(k, d) for k, d in pairs if d is not None]
+        splits = (
+            [(self.val_key, self.val_set)] if self.val_set is not None
+            else [(self.key, self.test_set)] if self.test_set is not None
+            else []
+        )  # fmt: skip
         if engine.collective_eval:
             return {k: engine.evaluate(d, self.metric, tick=self.tick) for k, d in splits}
         if self.average:  # the replicas' average, taken on every rank into a copy

@@ -7,7 +7,9 @@ from typing import Any
 
 ROWS = (
     ("test_acc", "test accuracy (averaged model)", lambda v: f"{100 * v:.2f} %"),
+    ("val_acc", "validation accuracy", lambda v: f"{100 * v:.2f} %"),
     ("time_s", "training time", lambda v: f"{v:.1f} s"),
+    ("eval_s", "of which evaluating", lambda v: f"{v:.1f} s"),
     ("steps", "steps", str),
     ("samples_per_s", "throughput", lambda v: f"{v:,.0f} samples/s"),
     ("sync_fraction", "steps synchronised", lambda v: f"{100 * v:.1f} %"),
