@@ -14,7 +14,9 @@ Curve = Sequence[tuple[float, float]]  # (seconds without evaluations, metric), 
 
 METHOD_KEYS = ("knob", "values")
 SCENARIO_KEYS = ("description", "ranks", "methods")
-PROTOCOL_KEYS = ("margin", "eval_every_samples", "tune_seed", "seeds", "lr", "batch")
+PROTOCOL_KEYS = (
+    "margin", "eval_every_samples", "tune_seed", "target_seeds", "seeds", "lr", "batch",
+)  # fmt: skip
 
 
 def first_at_or_above(curve: Curve, target: float) -> float | None:

@@ -14,8 +14,9 @@ Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
    values. Every run holds out the same validation split (``val_fraction``) and is evaluated
    every ``eval_every_samples`` samples on the validation split, with the clock stopped while
    it evaluates (the test split is scored once, at the end).
-2. **The target**: BSP's best final validation accuracy in its grid minus ``margin``, fixed
-   before any other choice.
+2. **The target**, fixed before any choice: BSP at its most accurate grid point, trained
+   once more per seed in ``target_seeds``; their median final validation accuracy minus
+   ``margin``.
 3. **The choice**: each method's setting is the one that reached the target on validation
    soonest (none reached it: the highest final validation accuracy).
 4. **Measuring**: every method at its choice, once per seed in ``seeds`` (not the tuning
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,7 +85,7 @@ def quick(work: dict[str, Any]) -> dict[str, Any]:
         **work,
         "base": {**work["base"], "samples": 2000, "epochs": 1, "val_fraction": 0.2},
         "protocol": {**work["protocol"], "lr": [0.1], "batch": [64], "seeds": [0, 1],
-                     "eval_every_samples": 320},  # fmt: skip
+                     "target_seeds": [100, 101], "eval_every_samples": 320},  # fmt: skip
         "methods": methods,
         "scenarios": {name: scen},
     }
@@ -133,8 +135,19 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                     tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
                     say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: val "
                         f"{100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")  # fmt: skip
-        target = max(t["final_val"] for t in tuning["bsp"]) - proto["margin"]  # 2.
-        say(f"  {name}: target {100 * target:.2f} % validation accuracy")
+        # 2. BSP's most accurate grid point, over the target seeds: the median final
+        # validation accuracy minus the margin (one seed's best of a grid is an optimistic
+        # target: the tuned BSP itself missed it in 5 of 5 measuring seeds).
+        top = max(tuning["bsp"], key=lambda t: t["final_val"])
+        target_runs = [top] + [
+            run_one(settings("bsp", top["lr"], top["batch"], None, seed), new_dir, "bsp")
+            for seed in proto["target_seeds"]
+            if seed != proto["tune_seed"]
+        ]
+        finals = [r["final_val"] for r in target_runs]
+        target = statistics.median(finals) - proto["margin"]
+        say(f"  {name}: target {100 * target:.2f} % validation accuracy (BSP lr {top['lr']}, "
+            f"batch {top['batch']}: finals {', '.join(f'{100 * v:.2f}' for v in finals)} %)")
 
         def candidates(m: str) -> list[dict[str, Any]]:
             for t in tuning[m]:
@@ -174,6 +187,7 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
         for m, rs in runs.items()
     }
     return {"description": scen["description"], "ranks": scen["ranks"], "target": target,
+            "target_finals": finals, "target_setting": {"lr": top["lr"], "batch": top["batch"]},
             "chosen": chosen, "tuning": tuning, "runs": runs, "medians": medians}  # fmt: skip
 
 
@@ -187,8 +201,10 @@ def table(name: str, res: dict[str, Any]) -> str:
 
     bsp = res["medians"]["bsp"]["tta_val"]["median"]
     rows = [f"### {name}: {res['description']}", "",
-            f"Target: {100 * res['target']:.2f} % validation accuracy (tuned BSP's final "
-            "validation accuracy minus the margin).", "",
+            f"Target: {100 * res['target']:.2f} % validation accuracy: BSP at lr "
+            f"{res['target_setting']['lr']}, batch {res['target_setting']['batch']} ended at "
+            + ", ".join(f"{100 * v:.2f}" for v in res["target_finals"])
+            + " % over the target seeds; their median minus the margin.", "",
             "| method | lr, batch, knob | to target (validation) | / tuned BSP | final test acc "
             "| final validation acc | every seed: time to target |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -100,8 +100,9 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     (name, res), = result["detail"].items()
     assert set(res["medians"]) == {"bsp", "selsync_dynamic"}
-    bsp_finals = [t["final_val"] for t in res["tuning"]["bsp"]]
-    assert res["target"] == pytest.approx(max(bsp_finals) - 0.005)
+    finals = res["target_finals"]  # BSP's one grid point on the target seeds 100 and 101
+    assert len(finals) == 2 and finals[0] == res["tuning"]["bsp"][0]["final_val"]
+    assert res["target"] == pytest.approx(sum(finals) / 2 - 0.005)
     # the grid (one point in --quick), then the knob's other value at the best point
     assert len(res["tuning"]["selsync_dynamic"]) == 2 and len(res["tuning"]["bsp"]) == 1
     for m, runs in res["runs"].items():
