@@ -57,7 +57,7 @@ from _protocol import (
 from _scratch import scratch
 
 from hethpc import comm
-from hethpc.train import TrainConfig, read_metrics, train
+from hethpc.train import NonFiniteError, TrainConfig, read_metrics, train
 
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "mnist1d.toml"
 
@@ -74,7 +74,8 @@ def _commit() -> str:
 
 
 def quick(work: dict[str, Any]) -> dict[str, Any]:
-    """The protocol in miniature, for the tests: one scenario, two methods, tiny runs."""
+    """The protocol in miniature, for the tests: one scenario, two methods, tiny runs, and a
+    learning rate that diverges."""
     name = next(iter(work["scenarios"]))
     scen = {**work["scenarios"][name], "methods": ["bsp", work["scenarios"][name]["methods"][-1]]}
     methods = {m: dict(work["methods"][m]) for m in scen["methods"]}
@@ -84,7 +85,7 @@ def quick(work: dict[str, Any]) -> dict[str, Any]:
     return {
         **work,
         "base": {**work["base"], "samples": 2000, "epochs": 1, "val_fraction": 0.2},
-        "protocol": {**work["protocol"], "lr": [0.1], "batch": [64], "seeds": [0, 1],
+        "protocol": {**work["protocol"], "lr": [0.1, 50.0], "batch": [64], "seeds": [0, 1],
                      "target_seeds": [100, 101], "eval_every_samples": 320},  # fmt: skip
         "methods": methods,
         "scenarios": {name: scen},
@@ -96,12 +97,20 @@ def run_one(settings: dict[str, Any], new_dir: Callable[[str], str], tag: str) -
     run_dir = Path(new_dir(tag))
     cfg = TrainConfig(**settings, run_dir=str(run_dir), progress=False)
     comm.barrier()
-    s = train(cfg, log=lambda _m: None).summary
+    diverged = None
+    try:
+        s = train(cfg, log=lambda _m: None).summary
+    except NonFiniteError as e:  # decided together: every rank raises it at the same step
+        diverged, s = str(e), {}
     recs: list[dict[str, Any]] = []
     if comm.rank() == 0:
         recs = read_metrics(run_dir / "metrics" / "rank0.jsonl")
         recs = [r for r in recs if r["kind"] == "epoch"]
     recs = comm.broadcast_object(recs)
+    if diverged is not None:  # a candidate that never gets there, its curve kept
+        return {"val": [(r["train_time"], r["val_acc"]) for r in recs], "final_val": 0.0,
+                "final_test": 0.0, "train_time_s": None, "time_s": None, "sync_fraction": None,
+                "syncs": {}, "sizes": [], "diverged": diverged}  # fmt: skip
     return {
         "val": [(r["train_time"], r["val_acc"]) for r in recs],
         "final_val": s["val_acc"],
@@ -112,6 +121,12 @@ def run_one(settings: dict[str, Any], new_dir: Callable[[str], str], tag: str) -
         "syncs": {k: s[k] for k in ("warmup_syncs", "voted_syncs", "forced_syncs") if k in s},
         "sizes": s["final_batch_sizes"],
     }
+
+
+def _said(r: dict[str, Any]) -> str:
+    if r.get("diverged"):
+        return "diverged (non-finite loss)"
+    return f"val {100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s"
 
 
 def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None]) -> dict:
@@ -133,8 +148,8 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                     r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m)
                     knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
                     tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
-                    say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: val "
-                        f"{100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")  # fmt: skip
+                    say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: "
+                        + _said(r))
         # 2. BSP's most accurate grid point, over the target seeds: the median final
         # validation accuracy minus the margin (one seed's best of a grid is an optimistic
         # target: the tuned BSP itself missed it in 5 of 5 measuring seeds).
@@ -163,7 +178,7 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                             new_dir, m)  # fmt: skip
                 tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
                 say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
-                    f"{value}: val {100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s")
+                    f"{value}: " + _said(r))
             best = pick(candidates(m))
             chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
             reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
@@ -281,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             if subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode != 0:
                 raise SystemExit(f"bench_evidence: scenario {name} failed (its output is above)")
             results[name] = json.loads(out.read_text())
+            print(table(name, results[name]), flush=True)  # kept in the log as each ends
+            print(json.dumps({"scenario": name, **results[name]}), flush=True)
     text = "\n\n".join(table(n, r) for n, r in results.items())
     print(text)
     if args.tables:

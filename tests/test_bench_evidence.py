@@ -103,8 +103,12 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
     finals = res["target_finals"]  # BSP's one grid point on the target seeds 100 and 101
     assert len(finals) == 2 and finals[0] == res["tuning"]["bsp"][0]["final_val"]
     assert res["target"] == pytest.approx(sum(finals) / 2 - 0.005)
-    # the grid (one point in --quick), then the knob's other value at the best point
-    assert len(res["tuning"]["selsync_dynamic"]) == 2 and len(res["tuning"]["bsp"]) == 1
+    # the grid (two points in --quick, lr 50 diverging), then the knob's other value at the
+    # best point
+    assert len(res["tuning"]["selsync_dynamic"]) == 3 and len(res["tuning"]["bsp"]) == 2
+    wild = [t for ts in res["tuning"].values() for t in ts if t["lr"] == 50.0]
+    assert all(t.get("diverged") or t["final_val"] < 0.3 for t in wild), wild
+    assert {c["lr"] for c in res["chosen"].values()} == {0.1}
     for m, runs in res["runs"].items():
         assert [r["seed"] for r in runs] == [0, 1], m
         for r in runs:
