@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from torch import nn
 import hethpc
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
-from hethpc.train import evaluate, make_loss
+from hethpc.train import TrainConfig, evaluate, make_loss
+from hethpc.train.build import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402
@@ -249,6 +251,28 @@ def test_model_specs_that_do_not_load_are_named(
     )
     with pytest.raises(error, match=match):
         build_model(spec.replace("FILE", str(p)), (4,), 3)
+
+
+def test_a_factory_that_raises_is_named_with_its_call_and_the_exception(tmp_path: Path) -> None:
+    p = _factory_file(tmp_path, "def make(shape, classes):\n    raise KeyError('depth')\n")
+    with pytest.raises(ModelError, match=re.escape(
+        f"model factory '{p}:make' failed, called as make((1, 12, 12), 4): KeyError: 'depth'"
+    )):  # fmt: skip
+        build_model(f"{p}:make", (1, 12, 12), 4)
+
+
+def test_a_model_that_fails_on_the_sample_shape_is_named_before_training(
+    tmp_path: Path,
+) -> None:
+    p = _factory_file(tmp_path, "def make(shape, classes):\n    return nn.Linear(40, classes)\n")
+    cfg = TrainConfig(model=f"{p}:make")
+    data = ArrayDataset(np.zeros((8, 1, 12, 12), np.float32), np.arange(8) % 4, 4)
+    with pytest.raises(ModelError, match=re.escape(
+        f"--model {p}:make: the model built as make((1, 12, 12), 4) fails on a batch of shape "
+        "(2, 1, 12, 12): RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    )) as e:  # fmt: skip
+        build(cfg, data)
+    assert str(e.value).endswith("size its first layer by input_shape (1, 12, 12)")
 
 
 def test_losses_by_name_and_by_import_path() -> None:

@@ -112,11 +112,26 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
 
 
 def build(cfg: TrainConfig, train: Any) -> nn.Module:
-    """The model, initialised from ``cfg.seed`` (identical on every rank before the broadcast)."""
+    """The model, initialised from ``cfg.seed`` (identical on every rank before the broadcast).
+
+    Raises:
+        ImportSpecError: ``cfg.model`` is neither built in nor an import path that loads.
+        ModelError: the factory raises, or the model's forward fails on a batch of the data's
+            sample shape (the message names the factory's call and the exception).
+    """
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, sample_shape(train), int(train.num_classes))
-    with torch.no_grad():
-        model(torch.zeros(2, *sample_shape(train)))  # materialise lazy layers
+    shape, classes = sample_shape(train), int(train.num_classes)
+    model = build_model(cfg.model, shape, classes)
+    try:
+        with torch.no_grad():
+            model(torch.zeros(2, *shape))  # materialise lazy layers
+    except Exception as e:
+        call = f"{cfg.model.rpartition(':')[2]}({shape!r}, {classes})"
+        raise ModelError(
+            f"--model {cfg.model}: the model built as {call} fails on a batch of shape "
+            f"{(2, *shape)}: {type(e).__name__}: {e}; size its first layer by input_shape "
+            f"{shape}"
+        ) from e
     return model
 
 
