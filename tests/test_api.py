@@ -273,6 +273,11 @@ def test_a_model_that_fails_on_the_sample_shape_is_named_before_training(
     )) as e:  # fmt: skip
         build(cfg, data)
     assert str(e.value).endswith("size its first layer by input_shape (1, 12, 12)")
+    with pytest.raises(ModelError, match=re.escape(
+        "the model fails on a batch of the training samples, shape (2, 1, 12, 12): RuntimeError"
+    )):  # fmt: skip
+        hethpc.fit(nn.Linear(40, 4), (data.x, data.y), epochs=1, batch_size=4, progress=False,
+                   run_dir=str(tmp_path / "run"))  # fmt: skip
 
 
 def test_losses_by_name_and_by_import_path() -> None:

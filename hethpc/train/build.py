@@ -60,7 +60,8 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
     checked. ``what`` names the model, ``fix`` says how to give it other outputs.
 
     Raises:
-        ModelError: naming the output and label shapes and the fix.
+        ModelError: the forward pass fails (named, with the exception), or the outputs do
+            not fit: naming the output and label shapes and the fix.
     """
     if loss not in ("cross_entropy", "mse", "l1", "smooth_l1"):
         return
@@ -70,11 +71,17 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
         x, y = train.read(np.arange(min(2, len(train))))
     param = next(iter(model.parameters()), None)
     modes = {m: m.training for m in model.modules()}
+    inputs = to_inputs(np.asarray(x))
     model.eval()
     try:
         with torch.no_grad():
-            inputs = to_inputs(np.asarray(x))
             out = model(inputs.to(param.device) if param is not None else inputs)
+    except Exception as e:
+        raise ModelError(
+            f"{what} fails on a batch of the training samples, shape {tuple(inputs.shape)}: "
+            f"{type(e).__name__}: {e}; size its first layer by the sample shape "
+            f"{tuple(inputs.shape[1:])}"
+        ) from e
     finally:
         for m, training in modes.items():
             m.train(training)
