@@ -14,10 +14,13 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import (
     ArrayDataset,
+    DatasetError,
     ShardedDataset,
     load_mnist1d,
     open_dataset_shared,
 )
+from hethpc.data.manifest import MANIFEST_NAME
+from hethpc.data.sharded import split_dirs
 from hethpc.data.transform import to_inputs
 from hethpc.models import ModelError, build_model
 from hethpc.train.config import TrainConfig
@@ -28,12 +31,12 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
 
     ``mnist1d`` is generated into the cache (rank 0 first, so the others only read it); any
     other value is a directory holding ``train/`` and ``test/`` HDF5 shard datasets (as written
-    by ``data_tools/convert.py``), verified against their manifests before training (each rank
-    hashes a share of the shards; every rank raises the same error on damage). The test split is
-    read into memory for evaluation.
+    by ``data_tools/convert.py``), or one of them (see :func:`data_root`), verified against
+    their manifests before training (each rank hashes a share of the shards; every rank raises
+    the same error on damage). The test split is read into memory for evaluation.
     """
     if cfg.data != "mnist1d":
-        root = Path(cfg.data)
+        root = data_root(cfg.data)
         train = open_dataset_shared(root / "train")  # each rank hashes a share of the shards
         test = open_dataset_shared(root / "test")
         x, y = test.read(np.arange(len(test)))  # as stored: evaluate() scales uint8 as training
@@ -43,6 +46,32 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
         load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
     comm.barrier()
     return load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
+
+
+def data_root(data: str) -> Path:
+    """The directory holding ``train/`` and ``test/`` that ``--data`` names: that directory
+    itself, or one of its splits (``OUT/train``, the form ``hethpc-inspect`` takes).
+
+    Raises:
+        DatasetError: ``data`` is a single dataset without a ``train/`` and ``test/`` beside
+            it, or a directory that holds some splits but not both.
+    """
+    root = Path(data)
+    if (root / MANIFEST_NAME).is_file():
+        if {"train", "test"} <= set(split_dirs(root.parent)):
+            return root.parent
+        raise DatasetError(
+            f"--data {data} is a single dataset; --data takes a directory that holds train/ "
+            "and test/ (as hethpc-convert writes them): convert with a test split, or train "
+            "on it with hethpc.fit(model, train_data, test_data=...)"
+        )
+    splits = split_dirs(root)
+    if splits and not {"train", "test"} <= set(splits):
+        raise DatasetError(
+            f"--data {data} holds {' and '.join(f'{s}/' for s in splits)}, but training needs "
+            "train/ and test/; write both with hethpc-convert --out DIR"
+        )
+    return root
 
 
 def sample_shape(train: Any) -> tuple[int, ...]:
