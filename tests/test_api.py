@@ -154,8 +154,11 @@ def test_fit_takes_a_loss_by_name_as_the_cli_does(tmp_path: Path) -> None:
          r"test_data: samples of shape \(5,\), but train_data's are \(4,\)"),
         ((np.zeros((10, 4), np.float32), np.zeros(10, np.float32)),
          "test_data: y are floating-point targets, but train_data's are integer class labels"),
+        ((np.zeros((6, 4), np.float32), np.array([0, 1, 2, 5, 5, 7])),
+         r"test_data: labels 5 \(2 samples\), 7 \(1 sample\) lie outside train_data's labels "
+         r"0..2 \(3 classes\), so the model is never trained on them"),
     ],
-    ids=["features", "targets-not-labels"],
+    ids=["features", "targets-not-labels", "labels-beyond-training"],
 )  # fmt: skip
 def test_test_data_that_does_not_match_the_training_data_is_named_before_training(
     tmp_path: Path, test: tuple, match: str
