@@ -50,6 +50,7 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(
         self, signal: str, *, step: int, total: int, checkpoint: Path | None, run_dir: Path
     ) -> None:
-        super().__init__(signal)
+        kept = f"checkpoint kept: {checkpoint}" if checkpoint is not None else "no checkpoint"
+        super().__init__(f"{signal} after step {step} of {total}; {kept}")
         self.signal, self.step, self.total = signal, step, total
         self.checkpoint, self.run_dir = checkpoint, run_dir
