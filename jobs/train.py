@@ -92,6 +92,7 @@ def fail(message: str, *, code: int = 2, grace_s: float = 5.0) -> NoReturn:
     ``grace_s`` first, so that a mistake every rank found (a bad flag) is printed once, and
     one found by this rank alone (a file missing on its node) still ends the job, named.
     """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher ending this rank ends it
     rank, size = launch_rank()
     if size > 1 and rank != 0:
         time.sleep(grace_s)
@@ -225,7 +226,8 @@ def stopped_message(e: TrainingInterrupted, argv: list[str]) -> str:
 
 def _interrupt(signum: int, _frame: object) -> None:
     """SIGTERM (a scheduler's cancel, the launcher passing on Ctrl-C) as Ctrl-C is: an
-    interrupt the training loop reports."""
+    interrupt the training loop reports; once: a second SIGTERM ends the process."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 

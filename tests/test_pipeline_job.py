@@ -29,7 +29,8 @@ def test_zbv_cuts_two_chunks_per_stage_and_names_the_fix_when_layers_are_short()
     [
         ((nn.Flatten(), nn.Linear(4, 2)), "1f1b", (1, 1),
          r"stage\(s\) \[0\] would hold no trainable parameters .* has 1 layer\(s\) with "
-         r"parameters among its 2 layers \(1 \(Linear\)\); use --pipeline-stages 1 or fewer"),
+         r"parameters among its 2 layers \(#1 Linear\); use --pipeline-stages 1 \(no pipeline\), "
+         "or a model with at least 2 layers that hold parameters"),
         ((nn.Linear(4, 4), nn.ReLU(), nn.ReLU(), nn.Linear(4, 2)), "zbv", (1, 1, 1, 1),
          r"stage\(s\) \[1\] would hold .* use --schedule 1f1b"),
     ],

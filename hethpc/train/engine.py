@@ -104,10 +104,11 @@ def check_stage_parameters(
     empty = [s for s in range(stages) if not has[s]]
     if not empty:
         return
-    named = [f"{i} ({type(layer).__name__})" for i, layer in enumerate(model) if holds[i]]
+    named = [f"#{i} {type(layer).__name__}" for i, layer in enumerate(model) if holds[i]]
+    fewer = "1 (no pipeline)" if len(named) <= 1 else f"{len(named)} or fewer"
     fix = (
-        f"use --pipeline-stages {max(1, len(named))} or fewer, or a model with at least "
-        f"{stages} layers that hold parameters"
+        f"use --pipeline-stages {fewer}, or a model with at least {stages} layers that hold "
+        "parameters"
         if len(named) < stages
         else "use --schedule 1f1b (one chunk per stage), or a model with more layers that "
         "hold parameters"
