@@ -20,8 +20,10 @@ split); each split keeps the source's order. ``--test-fraction 0`` writes everyt
 Source files are only read, and they are not trusted: CIFAR pickles may name only the numpy
 globals a real batch needs, ``.npy``/``.npz`` arrays are read without pickle, and IDX headers
 are checked against the file's length. A source or option at fault ends the run with one line,
-``convert.py: error: <file or option>: <what is wrong>; <what was expected>``, and exit code 2.
-An existing dataset is replaced only with ``--force``.
+``convert.py: error: <file or option>: <what is wrong>; <what was expected>`` (``hethpc-convert:``
+when run by that name), and exit code 2. An existing dataset is replaced only with ``--force``.
+Labels must count from 0; the number of classes is ``--num-classes``, else the source's own,
+else the largest label + 1, with a warning that names any class left without samples.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import numpy as np
 if TYPE_CHECKING:
     from hethpc.data import Manifest
 
-PROG = "convert.py"
+# The command the user ran: hethpc's console script passes its name (hethpc._cli).
+PROG: str = globals().get("COMMAND", "convert.py")
 TEST_FRACTION = 0.2
 
 Split = tuple[str, Iterator[tuple[np.ndarray, np.ndarray]], int | None]
@@ -184,6 +187,63 @@ def plan_splits(args: argparse.Namespace, num_samples: int) -> list[tuple[str, n
     return [("train", train), ("test", test)]
 
 
+def _counts(labels: np.ndarray, counts: np.ndarray) -> str:
+    """``"7: 1 sample, 9: 2 samples"``."""
+    pairs = zip(labels, counts, strict=True)
+    return ", ".join(f"{v}: {n} sample{'s' if n != 1 else ''}" for v, n in pairs)
+
+
+def check_labels(
+    y: np.ndarray, what: str, num_classes: int | None, *, default: int | None = None,
+    source: str = "",
+) -> int:
+    """The number of classes for the labels ``y`` that ``what`` names.
+
+    ``num_classes`` is ``--num-classes`` (None: not given); ``default`` the count of the
+    ``source`` (10 for MNIST, ...; None: the largest label + 1). Labels inferred that way leave
+    no class silently empty: a warning names the empty classes and every label's count.
+
+    Raises:
+        UsageError: a label is negative (no class count covers it), or lies beyond the classes
+            given or the source's; the message names the labels and their counts.
+    """
+    y = np.asarray(y).reshape(-1)
+    if not len(y):
+        return num_classes or default or 1
+    if y.min() < 0:
+        neg, n = np.unique(y[y < 0], return_counts=True)
+        raise UsageError(
+            f"{what}: negative labels ({_counts(neg, n)}); class labels count from 0, and no "
+            "--num-classes covers a negative one: map the labels to 0, 1, 2, ... first"
+        )
+    top = int(y.max())
+    limit = num_classes if num_classes is not None else default
+    if limit is not None:
+        if top >= limit:
+            over, n = np.unique(y[y >= limit], return_counts=True)
+            whose = (
+                f"--num-classes {limit}" if num_classes is not None
+                else f"the {limit} classes of {source}"
+            )
+            raise UsageError(
+                f"{what}: labels beyond {whose} (0..{limit - 1}): {_counts(over, n)}; pass "
+                f"--num-classes {top + 1} if they are classes, or drop those samples"
+            )
+        return limit
+    counts = np.bincount(y.astype(np.int64), minlength=top + 1)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        present = np.flatnonzero(counts)
+        shown = present if len(present) <= 12 else present[np.argsort(counts[present])[:6]]
+        listed = _counts(shown, counts[shown]) + ("" if len(present) <= 12 else ", ...")
+        names = ", ".join(map(str, empty[:12])) + (", ..." if len(empty) > 12 else "")
+        print(f"{PROG}: warning: {what}: the largest label, {top}, makes {top + 1} classes, but "
+              f"{len(empty)} of them have no samples (labels {names}); label counts: {listed}. "
+              "If a label is stray, drop its samples; if the classes are right, pass "
+              f"--num-classes {top + 1}", file=sys.stderr)
+    return top + 1
+
+
 def _array_splits(
     args: argparse.Namespace, x: np.ndarray, y: np.ndarray, num_classes: int | None
 ) -> list[Split]:
@@ -204,6 +264,7 @@ def source_splits(args: argparse.Namespace) -> list[Split]:
     from hethpc.data import load_mnist1d, sources
 
     nc = args.num_classes
+    # mnist1d and synthetic labels are generated (the writer checks them against --num-classes).
     if args.source == "mnist1d":
         train, test = load_mnist1d(num_samples=args.samples, seed=args.seed)
         return [("train", sources.pieces_of(train.x, train.y), nc or 10),
@@ -213,24 +274,31 @@ def source_splits(args: argparse.Namespace) -> list[Split]:
 
         d = load_digits()
         x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
-        return _array_splits(args, x, y, nc or 10)
+        nc = check_labels(y, "digits", nc, default=10, source="the digits")
+        return _array_splits(args, x, y, nc)
     if args.source in ("npz", "npy"):
         if args.source == "npz":
             x, y = sources.read_npz(args.path, x_key=args.x_key, y_key=args.y_key)
+            what = f"{args.path}: array {args.y_key!r}"
         else:
             x, y = sources.read_npy_pair(args.x, args.y)
+            what = f"{args.y}: the label array"
         # From every label, so that train and test agree on the number of classes.
-        return _array_splits(args, x, y, nc or int(y.max()) + 1)
+        return _array_splits(args, x, y, check_labels(y, what, nc))
     if args.source == "idx":
         x, y = sources.read_idx_pair(args.images, args.labels)
-        return _array_splits(args, x, y, nc or 10)
+        nc = check_labels(y, args.labels, nc, default=10, source="MNIST")
+        return _array_splits(args, x, y, nc)
     if args.source == "cifar":
         x, y, classes = sources.read_cifar(args.batches)
+        source = f"CIFAR-{classes}"
+        classes = check_labels(y, "the training batches", nc, default=classes, source=source)
         if not args.test:
-            return _array_splits(args, x, y, nc or classes)
+            return _array_splits(args, x, y, classes)
         xt, yt, _ = sources.read_cifar(args.test)
-        return [("train", sources.pieces_of(x, y), nc or classes),
-                ("test", sources.pieces_of(xt, yt), nc or classes)]
+        check_labels(yt, "the --test batches", nc, default=classes, source=source)
+        return [("train", sources.pieces_of(x, y), classes),
+                ("test", sources.pieces_of(xt, yt), classes)]
     assert args.source == "synthetic", args.source  # argparse admits no other
     n, shape, nc = args.samples, tuple(args.shape), nc or args.classes
     # Generated only while written; a held-out sample is the one the full stream would hold.
@@ -259,11 +327,17 @@ def write_split(
     if first is None:
         raise DatasetError(f"the {split} source holds no samples")
     x0, y0 = first
+    out = f"{args.out}/{split}"
+    if os.path.lexists(out) and not args.force:
+        raise UsageError(f"{out} already exists; pass --force to replace it")
+    if os.path.lexists(out) and not os.path.isfile(f"{out}/manifest.json"):
+        raise UsageError(f"{out} exists and is not a hethpc dataset (no manifest.json); "
+                         "refusing to replace it even with --force; pass another --out")
     if num_classes is None:
         # Labels beyond the first piece are checked by the writer against this count.
         num_classes = int(y0.max()) + 1
     w = DatasetWriter(
-        f"{args.out}/{split}",
+        out,
         sample_shape=x0.shape[1:],
         num_classes=num_classes,
         dtype=x0.dtype,

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
     from hethpc.data import Manifest
 
-PROG = "inspect_dataset.py"
+# The command the user ran: hethpc's console script passes its name (hethpc._cli).
+PROG: str = globals().get("COMMAND", "inspect_dataset.py")
 #: ``--partition`` choices (jobs/train.py's names) -> hethpc partitioner names.
 PARTITIONS = {"iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet"}
 #: Flags of earlier versions, and what replaced them.

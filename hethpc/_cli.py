@@ -22,9 +22,11 @@ def _run(relative: str) -> None:
             f"{Path(sys.argv[0]).name}: {path} is missing: the console scripts run the programs "
             "of hethpc's source tree; install hethpc from its repository with 'pip install -e .'"
         )
+    command = Path(sys.argv[0]).name
     sys.argv[0] = str(path)
     sys.path.insert(0, str(path.parent))
-    runpy.run_path(str(path), run_name="__main__")
+    # COMMAND: the name the user typed, for the program's messages (hethpc-convert: error: ...).
+    runpy.run_path(str(path), init_globals={"COMMAND": command}, run_name="__main__")
 
 
 def train() -> None:

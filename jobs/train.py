@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import shlex
+import signal
 import sys
 import time
 import warnings
@@ -29,6 +31,7 @@ from hethpc.train import (
     ConfigError,
     Fault,
     TrainConfig,
+    TrainingInterrupted,
     config_fields,
     config_sections,
     format_summary,
@@ -89,6 +92,7 @@ def fail(message: str, *, code: int = 2, grace_s: float = 5.0) -> NoReturn:
     ``grace_s`` first, so that a mistake every rank found (a bad flag) is printed once, and
     one found by this rank alone (a file missing on its node) still ends the job, named.
     """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher ending this rank ends it
     rank, size = launch_rank()
     if size > 1 and rank != 0:
         time.sleep(grace_s)
@@ -100,10 +104,13 @@ def fail(message: str, *, code: int = 2, grace_s: float = 5.0) -> NoReturn:
     raise SystemExit(code)
 
 
+_BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
+
+
 def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
+    if text.lower() in _BOOL_WORDS[:4]:
         return True
-    if text.lower() in ("0", "false", "no", "off"):
+    if text.lower() in _BOOL_WORDS[4:]:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
@@ -184,12 +191,76 @@ def _show_warning(
         _show_python_warning(message, category, filename, lineno, file, line)
 
 
+def resume_command(argv: list[str], run_dir: Path | str) -> str:
+    """The command line that continues a stopped run: ``argv`` without its ``--run-dir``,
+    ``--resume`` and ``--overwrite`` (which would replace the run), then ``--run-dir run_dir
+    --resume``; quoted for a shell."""
+    kept: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if a == "--run-dir":
+            i += 1  # and its value
+        elif a == "--resume":
+            if i < len(argv) and argv[i].lower() in _BOOL_WORDS:
+                i += 1  # --resume false
+        elif a != "--overwrite" and not a.startswith(("--run-dir=", "--resume=")):
+            kept.append(a)
+    return shlex.join([PROG, *kept, "--run-dir", str(run_dir), "--resume"])
+
+
+def stopped_message(e: TrainingInterrupted, argv: list[str]) -> str:
+    """Rank 0's word on a run stopped by a signal: how far it got, what it kept, how to go on."""
+    kept = (
+        f"checkpoint kept: {e.checkpoint}"
+        if e.checkpoint is not None
+        else "no checkpoint kept (--checkpoint-every N keeps one every N steps), so --resume "
+        "starts afresh"
+    )
+    return (
+        f"{PROG}: stopped by {e.signal} after step {e.step} of {e.total}; {kept}; to continue: "
+        f"{resume_command(argv, e.run_dir)}"
+    )
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM (a scheduler's cancel, the launcher passing on Ctrl-C) as Ctrl-C is: an
+    interrupt the training loop reports; once: a second SIGTERM ends the process."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop(message: str | None, code: int) -> NoReturn:
+    """End this rank after a signal: rank 0 says ``message``; no collective, no MPI_Finalize
+    (a peer may be stopped, or waiting in a collective this rank will never join)."""
+    rank, size = launch_rank()
+    if message and rank == 0:
+        print(f"\n{message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if size > 1:
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The job; a user's mistake ends it with one message and exit code 2 (a bug: traceback)."""
+    """The job; a user's mistake ends it with one message and exit code 2 (a bug: traceback).
+
+    Ctrl-C or SIGTERM ends it with exit code 130 or 143 and, from rank 0, one line: the step
+    reached, the checkpoint kept and the command that resumes the run.
+    """
     comm.abort_on_exception()
     warnings.showwarning = _show_warning
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(argv)
+    except TrainingInterrupted as e:
+        code = 128 + (signal.SIGTERM if e.signal == "SIGTERM" else signal.SIGINT)
+        stop(stopped_message(e, sys.argv[1:] if argv is None else argv), code)
+    except KeyboardInterrupt as e:  # before the first step: nothing to resume
+        name = str(e) or "SIGINT"
+        code = 128 + (signal.SIGTERM if name == "SIGTERM" else signal.SIGINT)
+        stop(f"{PROG}: stopped by {name} before training started", code)
     except UsageError as e:
         fail(f"{PROG}: error: {e}{did_you_mean(str(e))} (see '{PROG} --help' for every setting)")
     except Exception as e:

@@ -20,11 +20,23 @@ stamp="$venv/.hethpc-setup-ok"
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# Fast path: nothing changed since the last successful setup.
+# Whether .venv imports this tree's hethpc (-I: not from the current directory, which would
+# hide an uninstalled package).
+hethpc_imports() {
+  "$py" -I -c 'import pathlib, sys, hethpc
+sys.exit(pathlib.Path(hethpc.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())' \
+    "$root" 2>/dev/null
+}
+
+# Fast path: nothing changed since the last successful setup, and hethpc still imports.
 if [[ -f "$stamp" && "$stamp" -nt setup.cfg && "$stamp" -nt scripts/setup.sh \
       && "$stamp" -nt scripts/setup_plan.py ]] \
     && command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
-  exit 0
+  if hethpc_imports; then
+    exit 0
+  fi
+  say "$py cannot import hethpc from $root (uninstalled or broken); reinstalling"
+  rm -f "$stamp"
 fi
 
 # 1. MPI: a site module on PATH wins; otherwise the distro's Open MPI.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from torch import nn
 import hethpc
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
-from hethpc.train import evaluate, make_loss
+from hethpc.train import TrainConfig, evaluate, make_loss
+from hethpc.train.build import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402
@@ -152,8 +154,11 @@ def test_fit_takes_a_loss_by_name_as_the_cli_does(tmp_path: Path) -> None:
          r"test_data: samples of shape \(5,\), but train_data's are \(4,\)"),
         ((np.zeros((10, 4), np.float32), np.zeros(10, np.float32)),
          "test_data: y are floating-point targets, but train_data's are integer class labels"),
+        ((np.zeros((6, 4), np.float32), np.array([0, 1, 2, 5, 5, 7])),
+         r"test_data: labels 5 \(2 samples\), 7 \(1 sample\) lie outside train_data's labels "
+         r"0..2 \(3 classes\), so the model is never trained on them"),
     ],
-    ids=["features", "targets-not-labels"],
+    ids=["features", "targets-not-labels", "labels-beyond-training"],
 )  # fmt: skip
 def test_test_data_that_does_not_match_the_training_data_is_named_before_training(
     tmp_path: Path, test: tuple, match: str
@@ -249,6 +254,33 @@ def test_model_specs_that_do_not_load_are_named(
     )
     with pytest.raises(error, match=match):
         build_model(spec.replace("FILE", str(p)), (4,), 3)
+
+
+def test_a_factory_that_raises_is_named_with_its_call_and_the_exception(tmp_path: Path) -> None:
+    p = _factory_file(tmp_path, "def make(shape, classes):\n    raise KeyError('depth')\n")
+    with pytest.raises(ModelError, match=re.escape(
+        f"model factory '{p}:make' failed, called as make((1, 12, 12), 4): KeyError: 'depth'"
+    )):  # fmt: skip
+        build_model(f"{p}:make", (1, 12, 12), 4)
+
+
+def test_a_model_that_fails_on_the_sample_shape_is_named_before_training(
+    tmp_path: Path,
+) -> None:
+    p = _factory_file(tmp_path, "def make(shape, classes):\n    return nn.Linear(40, classes)\n")
+    cfg = TrainConfig(model=f"{p}:make")
+    data = ArrayDataset(np.zeros((8, 1, 12, 12), np.float32), np.arange(8) % 4, 4)
+    with pytest.raises(ModelError, match=re.escape(
+        f"--model {p}:make: the model built as make((1, 12, 12), 4) fails on a batch of shape "
+        "(2, 1, 12, 12): RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    )) as e:  # fmt: skip
+        build(cfg, data)
+    assert str(e.value).endswith("size its first layer by input_shape (1, 12, 12)")
+    with pytest.raises(ModelError, match=re.escape(
+        "the model fails on a batch of the training samples, shape (2, 1, 12, 12): RuntimeError"
+    )):  # fmt: skip
+        hethpc.fit(nn.Linear(40, 4), (data.x, data.y), epochs=1, batch_size=4, progress=False,
+                   run_dir=str(tmp_path / "run"))  # fmt: skip
 
 
 def test_losses_by_name_and_by_import_path() -> None:

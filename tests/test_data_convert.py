@@ -106,7 +106,7 @@ def test_existing_output_is_refused_without_force(
     args = ["synthetic", "--samples", "20", "--out", str(tmp_path / "s")]
     assert convert.main(args) == 0
     assert convert.main(args) == 2
-    assert "already exists; pass force=True (--force)" in capsys.readouterr().err
+    assert "s/train already exists; pass --force to replace it" in capsys.readouterr().err
     assert convert.main([*args, "--force"]) == 0
 
 

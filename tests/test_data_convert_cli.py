@@ -80,6 +80,16 @@ MISTAKES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "--chunk-samples -3: must be >= 1"),
     ("num-classes-0", lambda d: ["npz", _npz(d), "--num-classes", "0"],
      "--num-classes 0: must be >= 1"),
+    ("negative-labels", lambda d: ["npz", _npz(d, y=np.array([0, 1, -1, 2, -1, -3]))],
+     "{d}/a.npz: array 'y': negative labels (-3: 1 sample, -1: 2 samples); class labels count "
+     "from 0, and no --num-classes covers a negative one: map the labels to 0, 1, 2, ... first"),
+    ("labels-beyond-num-classes", lambda d: ["npz", _npz(d), "--num-classes", "2"],
+     "{d}/a.npz: array 'y': labels beyond --num-classes 2 (0..1): 2: 2 samples; pass "
+     "--num-classes 3 if they are classes, or drop those samples"),
+    ("labels-beyond-mnist", lambda d: ["idx", _idx(d, (2, 2), bytes(4)),
+                                       _write(d / "labs", bytes([0, 0, 8, 1, 0, 0, 0, 2, 3, 12]))],
+     "{d}/labs: labels beyond the 10 classes of MNIST (0..9): 12: 1 sample; pass --num-classes "
+     "13 if they are classes"),
     ("classes-0", lambda d: ["synthetic", "--classes", "0"], "--classes 0: must be >= 1"),
     ("samples-0", lambda d: ["synthetic", "--samples", "0"], "--samples 0: must be >= 1"),
     ("shape-0", lambda d: ["synthetic", "--shape", "3", "0"],
@@ -178,3 +188,32 @@ def test_script_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stderr == (f"convert.py: error: {tmp_path}/imgs: No such file or directory; check "
                         "that the path exists and that its permissions allow this\n")
+
+
+def test_a_stray_label_is_named_with_every_label_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    y = np.array([0, 1, 2, 3] * 5 + [7])
+    path = _npz(tmp_path, x=RNG.standard_normal((21, 2)), y=y)
+    assert convert.main(["npz", path, "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        f"convert.py: warning: {path}: array 'y': the largest label, 7, makes 8 classes, but 3 "
+        "of them have no samples (labels 4, 5, 6); label counts: 0: 5 samples, 1: 5 samples, "
+        "2: 5 samples, 3: 5 samples, 7: 1 sample. If a label is stray, drop its samples; if the "
+        "classes are right, pass --num-classes 8\n"
+    )
+    assert convert.main(["npz", path, "--out", str(tmp_path / "p"), "--num-classes", "8"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_through_hethpc_convert_errors_name_the_command_and_its_flags(tmp_path: Path) -> None:
+    args = ["synthetic", "--samples", "20", "--out", str(tmp_path / "s")]
+    run = [sys.executable, "-c", "import sys; sys.argv[0] = 'hethpc-convert'; "
+           "from hethpc._cli import convert; convert()"]  # fmt: skip
+    assert subprocess.run([*run, *args], capture_output=True).returncode == 0
+    again = subprocess.run([*run, *args], capture_output=True, text=True)
+    assert (again.returncode, again.stderr) == (
+        2, f"hethpc-convert: error: {tmp_path}/s/train already exists; pass --force to replace "
+        "it\n"
+    )

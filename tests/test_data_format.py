@@ -90,8 +90,13 @@ def test_force_never_replaces_a_non_dataset(tmp_path: Path) -> None:
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     x, y = _data(10)
-    with pytest.raises(DatasetError, match="labels must lie in 0..2"):
+    with pytest.raises(DatasetError, match="labels must lie in 0..2, got labels up to 4; set "
+                       "num_classes to 5 or more"):  # fmt: skip
         write_dataset(tmp_path / "d", [(x, y)], num_classes=3)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DatasetError, match=r"got 2 negative \(down to -2\); class labels count "
+                       "from 0, and no num_classes covers a negative one"):  # fmt: skip
+        write_dataset(tmp_path / "d", [(x, np.where(y == 0, -2, y))], num_classes=5)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -93,6 +93,7 @@ MISTAKES = [
      "gave a rank fewer than min_size=200 samples in 100 draws"),
     ("not-a-dataset", ["{t}/nope", "--partition", "labels", "--labels-per-rank", "5"],
      "{t}/nope is not a dataset directory (no manifest.json)"),
+    ("splits-not-one-dataset", ["{t}"], "{t} is not one dataset: it holds train/; pass {t}/train"),
     ("old-partitioner-flag", ["{d}", "--partitioner", "label_skew"],
      "unrecognized arguments: --partitioner label_skew (--partitioner is now --partition)"),
     ("old-alpha-flag", ["{d}", "--partition", "dirichlet", "--alpha", "0.3"],

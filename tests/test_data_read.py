@@ -21,6 +21,7 @@ from hethpc.data import (
     split_shards,
     write_dataset,
 )
+from hethpc.train.build import data_root
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
 
@@ -253,3 +254,25 @@ def test_large_chunks_start_on_page_boundaries(tmp_path: Path) -> None:
         offsets: list[int] = []
         f["x"].id.chunk_iter(lambda info: offsets.append(info.byte_offset))
     assert len(offsets) == 4 and all(o % 4096 == 0 for o in offsets)
+
+
+def test_the_two_names_of_a_converted_dataset(tmp_path: Path) -> None:
+    """``OUT`` (holding train/ and test/) and ``OUT/train``: each place takes its own form,
+    ``--data`` takes both, and the dataset reader names the splits it was given instead."""
+    x, y = np.zeros((6, 2), np.float32), np.arange(6) % 2
+    for split in ("train", "test"):
+        write_dataset(tmp_path / "out" / split, [(x, y)], num_classes=2)
+    write_dataset(tmp_path / "alone" / "train", [(x, y)], num_classes=2)
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match=f"^{out} is not one dataset: it holds train/ and "
+                       f"test/; pass {out}/train or {out}/test$"):  # fmt: skip
+        open_dataset(out)
+    assert data_root(str(out)) == out
+    assert data_root(str(out / "train")) == out
+    assert data_root(str(out / "test")) == out
+    with pytest.raises(DatasetError, match="alone/train is a single dataset; --data takes a "
+                       "directory that holds train/ and test/"):  # fmt: skip
+        data_root(str(tmp_path / "alone" / "train"))
+    with pytest.raises(DatasetError, match="alone holds train/, but training needs train/ and "
+                       "test/"):  # fmt: skip
+        data_root(str(tmp_path / "alone"))

@@ -77,3 +77,45 @@ def test_this_machine_and_the_shell_lines(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert shown.strip() == "1 nvidia-smi lists 1 GPU(s)"
     assert setup_plan.shell(plan(CPU, **KW)).startswith("plan_gpu=0\n")
+
+
+def test_the_fast_path_reinstalls_a_hethpc_that_no_longer_imports(tmp_path: Path) -> None:
+    """setup.sh's stamp alone does not end it: .venv must still import the tree's hethpc."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    for name in ("scripts/setup.sh", "scripts/setup_plan.py", "setup.cfg"):
+        (tree / name).write_bytes((ROOT / name).read_bytes())
+    (tree / "hethpc").mkdir()
+    (tree / "hethpc" / "__init__.py").write_text("")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tree / ".venv")],
+                   check=True)  # fmt: skip
+    site = subprocess.run([str(tree / ".venv" / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    installed = Path(site) / "hethpc-tree.pth"  # as an editable install points at the tree
+    installed.write_text(f"{tree}\n")
+    stamp = tree / ".venv" / ".hethpc-setup-ok"
+    stamp.touch()
+    later = (tree / "setup.cfg").stat().st_mtime + 10
+    os.utime(stamp, (later, later))
+    bin_dir = tmp_path / "bin"  # an MPI on PATH, so that no step installs one
+    bin_dir.mkdir()
+    for tool in ("mpirun", "mpicc"):
+        (bin_dir / tool).write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def setup() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(tree / "scripts" / "setup.sh")], capture_output=True,
+                              text=True, env=env, cwd=tree, timeout=60)  # fmt: skip
+
+    done = setup()
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    installed.unlink()  # pip uninstall hethpc
+    broken = setup()
+    assert broken.stdout.startswith(
+        f"[setup] {tree}/.venv/bin/python cannot import hethpc from {tree} (uninstalled or "
+        "broken); reinstalling\n"
+    ), broken.stdout
+    assert broken.returncode != 0  # this venv has no pip: the reinstall stops there
+    assert not stamp.exists()

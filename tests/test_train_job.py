@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from hethpc.train import CheckpointManager, read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = ROOT / "scripts" / "mpirun.sh"
 JOB = ROOT / "jobs" / "train.py"
+sys.path.insert(0, str(JOB.parent))
+from train import resume_command  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     "OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself; run it outside mpirun"
@@ -524,3 +527,37 @@ def test_a_validation_split_is_held_out_and_scored_every_k_steps(
     assert summary["train_time_s"] == pytest.approx(summary["time_s"] - summary["eval_s"])
     syncs = summary["warmup_syncs"] + summary["voted_syncs"] + summary["forced_syncs"]
     assert syncs == summary["synced_steps"]
+
+
+def test_resume_command_replaces_the_run_dir_and_drops_overwrite() -> None:
+    argv = ["--epochs", "3", "--run-dir", "old dir", "--overwrite", "--resume", "false"]
+    assert resume_command(argv, "runs/run-3") == (
+        "jobs/train.py --epochs 3 --run-dir runs/run-3 --resume"
+    )
+    assert resume_command(["--run-dir=x", "--resume=true", "--lr", "0.1"], "x") == (
+        "jobs/train.py --lr 0.1 --run-dir x --resume"
+    )
+
+
+@pytest.mark.parametrize("np", [0, 2], ids=["one-process", "2-ranks"])
+def test_a_signal_ends_the_job_with_the_step_the_checkpoint_and_the_resume_line(
+    cache: Path, tmp_path: Path, np: int
+) -> None:
+    run = tmp_path / "stopped"
+    argv = [sys.executable, str(JOB)] if np == 0 else []
+    proc, took = _launch([*argv, *_args(cache, run, "--fault", "0:25:term")], np=np)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and (np or proc.returncode == 143), out
+    line = (
+        f"jobs/train.py: stopped by SIGTERM after step 25 of 50; checkpoint kept: "
+        f"{run}/checkpoints/ckpt-000000020.pt; to continue: "
+        f"{resume_command(_args(cache, run, '--fault', '0:25:term'), run)}"
+    )
+    assert out.count(line) == 1 and "Traceback" not in out, out
+    assert took < 60
+    again = shlex.split(line.split("to continue: ")[1])[1:]
+    i = again.index("--fault")
+    del again[i : i + 2]  # the user's own command has no fault
+    proc, _ = _launch([*argv, *again] if np == 0 else again, np=np)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from step 20" in proc.stdout

@@ -323,6 +323,17 @@ class ShardedDataset:
             self._mapped = self._unmapped()
 
 
+def split_dirs(root: str | os.PathLike[str]) -> list[str]:
+    """The splits (``train``, ``test``, ...) that ``root`` holds as dataset directories, as
+    ``data_tools/convert.py`` writes them (``OUT/<split>/manifest.json``), sorted with
+    ``train`` first; empty when ``root`` is not such a directory."""
+    try:
+        found = [p.name for p in Path(root).iterdir() if (p / MANIFEST_NAME).is_file()]
+    except OSError:  # not a directory, or not readable: no splits to name
+        return []
+    return sorted(found, key=lambda name: (name != "train", name))
+
+
 def open_dataset(
     path: str | os.PathLike[str],
     *,
@@ -356,6 +367,12 @@ def open_dataset(
     root = Path(path)
     mpath = root / MANIFEST_NAME
     if not mpath.is_file():
+        splits = split_dirs(root)
+        if splits:
+            raise DatasetError(
+                f"{root} is not one dataset: it holds {' and '.join(f'{s}/' for s in splits)}; "
+                f"pass {' or '.join(str(root / s) for s in splits)}"
+            )
         raise DatasetError(
             f"{root} is not a dataset directory (no {MANIFEST_NAME}); create one with "
             "data_tools/convert.py"

@@ -183,10 +183,16 @@ class DatasetWriter:
                 f"write() got x of shape {x.shape} and y of shape {y.shape}; expected "
                 f"[n, {', '.join(map(str, self.sample_shape))}] and [n]"
             )
-        if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+        if len(y) and y.min() < 0:
             raise DatasetError(
-                f"labels must lie in 0..{self.num_classes - 1}, got {y.min()}..{y.max()}; "
-                "set num_classes to cover every label"
+                f"labels must lie in 0..{self.num_classes - 1}, got {int((y < 0).sum())} "
+                f"negative (down to {y.min()}); class labels count from 0, and no num_classes "
+                "covers a negative one: map the labels to 0, 1, 2, ... first"
+            )
+        if len(y) and y.max() >= self.num_classes:
+            raise DatasetError(
+                f"labels must lie in 0..{self.num_classes - 1}, got labels up to {y.max()}; "
+                f"set num_classes to {int(y.max()) + 1} or more to cover every label"
             )
         start = 0
         while start < len(y):

@@ -162,15 +162,23 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int) -> nn.M
 
     Raises:
         ImportSpecError: the name is neither built in nor an import path that loads.
-        ModelError: the factory fails or returns something else than a module.
+        ModelError: the factory raises (the message names the call and the exception) or
+            returns something else than a module.
     """
     if ":" in name:
         factory = import_object(name, what="model factory")
+        call = f"{name.rpartition(':')[2]}({tuple(input_shape)!r}, {int(num_classes)})"
         try:
             model = factory(tuple(input_shape), int(num_classes))
-        except TypeError as e:
+        except Exception as e:
+            accepts = (
+                "; a factory must accept (input_shape, num_classes)"
+                if isinstance(e, TypeError)
+                else ""
+            )
             raise ModelError(
-                f"model factory {name!r} must accept (input_shape, num_classes): {e}"
+                f"model factory {name!r} failed, called as {call}: {type(e).__name__}: {e}"
+                f"{accepts}"
             ) from e
         if not isinstance(model, nn.Module):
             raise ModelError(

@@ -9,7 +9,7 @@ from hethpc.train.config_doc import settings_markdown
 from hethpc.train.config_sources import load_toml, make_config, toml_sources
 from hethpc.train.coordinator import Coordinator
 from hethpc.train.device import pick_device, this_device
-from hethpc.train.errors import ModelMismatchError, NonFiniteError
+from hethpc.train.errors import ModelMismatchError, NonFiniteError, TrainingInterrupted
 from hethpc.train.evaluation import accuracy, evaluate
 from hethpc.train.faults import Fault
 from hethpc.train.fit import fit
@@ -41,6 +41,7 @@ __all__ = [
     "NonFiniteError",
     "RunResult",
     "TrainConfig",
+    "TrainingInterrupted",
     "Watchdog",
     "check_same_config",
     "check_same_model",

@@ -14,10 +14,13 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import (
     ArrayDataset,
+    DatasetError,
     ShardedDataset,
     load_mnist1d,
     open_dataset_shared,
 )
+from hethpc.data.manifest import MANIFEST_NAME
+from hethpc.data.sharded import split_dirs
 from hethpc.data.transform import to_inputs
 from hethpc.models import ModelError, build_model
 from hethpc.train.config import TrainConfig
@@ -28,12 +31,12 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
 
     ``mnist1d`` is generated into the cache (rank 0 first, so the others only read it); any
     other value is a directory holding ``train/`` and ``test/`` HDF5 shard datasets (as written
-    by ``data_tools/convert.py``), verified against their manifests before training (each rank
-    hashes a share of the shards; every rank raises the same error on damage). The test split is
-    read into memory for evaluation.
+    by ``data_tools/convert.py``), or one of them (see :func:`data_root`), verified against
+    their manifests before training (each rank hashes a share of the shards; every rank raises
+    the same error on damage). The test split is read into memory for evaluation.
     """
     if cfg.data != "mnist1d":
-        root = Path(cfg.data)
+        root = data_root(cfg.data)
         train = open_dataset_shared(root / "train")  # each rank hashes a share of the shards
         test = open_dataset_shared(root / "test")
         x, y = test.read(np.arange(len(test)))  # as stored: evaluate() scales uint8 as training
@@ -43,6 +46,32 @@ def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDat
         load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
     comm.barrier()
     return load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
+
+
+def data_root(data: str) -> Path:
+    """The directory holding ``train/`` and ``test/`` that ``--data`` names: that directory
+    itself, or one of its splits (``OUT/train``, the form ``hethpc-inspect`` takes).
+
+    Raises:
+        DatasetError: ``data`` is a single dataset without a ``train/`` and ``test/`` beside
+            it, or a directory that holds some splits but not both.
+    """
+    root = Path(data)
+    if (root / MANIFEST_NAME).is_file():
+        if {"train", "test"} <= set(split_dirs(root.parent)):
+            return root.parent
+        raise DatasetError(
+            f"--data {data} is a single dataset; --data takes a directory that holds train/ "
+            "and test/ (as hethpc-convert writes them): convert with a test split, or train "
+            "on it with hethpc.fit(model, train_data, test_data=...)"
+        )
+    splits = split_dirs(root)
+    if splits and not {"train", "test"} <= set(splits):
+        raise DatasetError(
+            f"--data {data} holds {' and '.join(f'{s}/' for s in splits)}, but training needs "
+            "train/ and test/; write both with hethpc-convert --out DIR"
+        )
+    return root
 
 
 def sample_shape(train: Any) -> tuple[int, ...]:
@@ -60,7 +89,8 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
     checked. ``what`` names the model, ``fix`` says how to give it other outputs.
 
     Raises:
-        ModelError: naming the output and label shapes and the fix.
+        ModelError: the forward pass fails (named, with the exception), or the outputs do
+            not fit: naming the output and label shapes and the fix.
     """
     if loss not in ("cross_entropy", "mse", "l1", "smooth_l1"):
         return
@@ -70,11 +100,17 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
         x, y = train.read(np.arange(min(2, len(train))))
     param = next(iter(model.parameters()), None)
     modes = {m: m.training for m in model.modules()}
+    inputs = to_inputs(np.asarray(x))
     model.eval()
     try:
         with torch.no_grad():
-            inputs = to_inputs(np.asarray(x))
             out = model(inputs.to(param.device) if param is not None else inputs)
+    except Exception as e:
+        raise ModelError(
+            f"{what} fails on a batch of the training samples, shape {tuple(inputs.shape)}: "
+            f"{type(e).__name__}: {e}; size its first layer by the sample shape "
+            f"{tuple(inputs.shape[1:])}"
+        ) from e
     finally:
         for m, training in modes.items():
             m.train(training)
@@ -112,11 +148,26 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
 
 
 def build(cfg: TrainConfig, train: Any) -> nn.Module:
-    """The model, initialised from ``cfg.seed`` (identical on every rank before the broadcast)."""
+    """The model, initialised from ``cfg.seed`` (identical on every rank before the broadcast).
+
+    Raises:
+        ImportSpecError: ``cfg.model`` is neither built in nor an import path that loads.
+        ModelError: the factory raises, or the model's forward fails on a batch of the data's
+            sample shape (the message names the factory's call and the exception).
+    """
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, sample_shape(train), int(train.num_classes))
-    with torch.no_grad():
-        model(torch.zeros(2, *sample_shape(train)))  # materialise lazy layers
+    shape, classes = sample_shape(train), int(train.num_classes)
+    model = build_model(cfg.model, shape, classes)
+    try:
+        with torch.no_grad():
+            model(torch.zeros(2, *shape))  # materialise lazy layers
+    except Exception as e:
+        call = f"{cfg.model.rpartition(':')[2]}({shape!r}, {classes})"
+        raise ModelError(
+            f"--model {cfg.model}: the model built as {call} fails on a batch of shape "
+            f"{(2, *shape)}: {type(e).__name__}: {e}; size its first layer by input_shape "
+            f"{shape}"
+        ) from e
     return model
 
 

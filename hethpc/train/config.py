@@ -45,7 +45,9 @@ class TrainConfig:
 
     # Data
     data: str = _f(
-        "mnist1d", "'mnist1d' (generated and cached on first use) or an HDF5 shard directory"
+        "mnist1d",
+        "'mnist1d' (generated and cached on first use) or a converted dataset: the directory "
+        "holding train/ and test/, or its train/",
     )
     samples: int = _f(20_000, "MNIST-1D samples to generate (80% train, 20% test)")
     val_fraction: float = _f(

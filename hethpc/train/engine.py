@@ -20,7 +20,7 @@ from hethpc import comm
 from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset, to_inputs, to_targets
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
-from hethpc.pipeline.schedule import chunks_per_stage
+from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
@@ -80,6 +80,45 @@ def model_chunks(cfg: TrainConfig, layers: int, stages: int) -> int:
             key="schedule",
         )
     return chunks
+
+
+def check_stage_parameters(
+    cfg: TrainConfig, model: nn.Sequential, balance: tuple[int, ...], stages: int
+) -> None:
+    """Refuse a cut that leaves a pipeline stage without trainable parameters (pure: every
+    rank decides alike, before any stage is built).
+
+    ``balance`` is the layers per chunk, in chunk order; a stage holds one chunk, or two in a
+    V (:func:`~hethpc.pipeline.schedule.v_chunks`).
+
+    Raises:
+        ConfigError: naming the stage count, the layers with parameters and the fix.
+    """
+    holds = [any(p.requires_grad for p in layer.parameters()) for layer in model]
+    placement = v_chunks(stages) if cfg.schedule in V_SCHEDULES else list(range(stages))
+    has = [False] * stages
+    start = 0
+    for chunk, count in enumerate(balance):
+        has[placement[chunk]] |= any(holds[start : start + count])
+        start += count
+    empty = [s for s in range(stages) if not has[s]]
+    if not empty:
+        return
+    named = [f"#{i} {type(layer).__name__}" for i, layer in enumerate(model) if holds[i]]
+    fewer = "1 (no pipeline)" if len(named) <= 1 else f"{len(named)} or fewer"
+    fix = (
+        f"use --pipeline-stages {fewer}, or a model with at least {stages} layers that hold "
+        "parameters"
+        if len(named) < stages
+        else "use --schedule 1f1b (one chunk per stage), or a model with more layers that "
+        "hold parameters"
+    )
+    raise ConfigError(
+        f"--pipeline-stages {stages}: stage(s) {empty} would hold no trainable parameters "
+        f"(nothing for their optimizer to train): model {cfg.model} has {len(named)} layer(s) "
+        f"with parameters among its {len(model)} layers ({', '.join(named) or 'none'}); {fix}",
+        key="pipeline_stages",
+    )
 
 
 class DataParallel:
@@ -173,6 +212,7 @@ class PipelineStage:
         lay = self.layout = groups.layout
         chunks = model_chunks(cfg, len(model), lay.stages)
         self.balance = partition_by_params(model, chunks)
+        check_stage_parameters(cfg, model, self.balance, lay.stages)
         self.pipe = Pipeline(
             model,
             balance=self.balance,

@@ -1,4 +1,5 @@
-"""Deliberate faults for reliability tests: kill, stall, raise or poison one rank at one step."""
+"""Deliberate faults for reliability tests: kill, stall, raise, poison or stop one rank at one
+step."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("kill", "stall", "raise", "nan")
+KINDS = ("kill", "stall", "raise", "nan", "term")
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Fault:
         rank: the world rank that fails.
         step: the global step (0-based) at which it fails, before its forward pass.
         kind: ``kill`` (SIGKILL itself), ``stall`` (sleep forever), ``raise`` (RuntimeError),
-            ``nan`` (its loss becomes NaN for that step).
+            ``nan`` (its loss becomes NaN for that step), ``term`` (SIGTERM itself, as a
+            scheduler or the launcher's Ctrl-C sends it).
     """
 
     rank: int
@@ -63,6 +65,8 @@ def apply_faults(
                 time.sleep(3600)
         elif f.kind == "raise":
             raise RuntimeError(f"fault injected on rank {rank} at step {step}")
+        elif f.kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
         elif f.kind == "nan":
             loss = loss * float("nan")
     return loss

@@ -66,7 +66,8 @@ def _check_same_data(train_set: Any) -> None:
 
 
 def _check_test_data(train_set: Any, test_set: ArrayDataset, regression: bool) -> None:
-    """Refuse test data that the trained model cannot be scored on (before training)."""
+    """Refuse test data that the trained model cannot be scored on (before training): other
+    features, another kind of ``y``, or class labels that train_data does not have."""
     train_shape, test_shape = sample_shape(train_set), tuple(test_set.x.shape[1:])
     if train_shape != test_shape:
         raise DatasetError(
@@ -78,6 +79,22 @@ def _check_test_data(train_set: Any, test_set: ArrayDataset, regression: bool) -
         got, want = kinds[::-1] if regression else kinds
         raise DatasetError(
             f"test_data: y are {got}, but train_data's are {want}; give both the same dtype"
+        )
+    if regression:
+        return
+    y, classes = np.asarray(test_set.y).reshape(-1), int(train_set.num_classes)
+    outside = (y < 0) | (y >= classes)
+    if outside.any():
+        labels, counts = np.unique(y[outside], return_counts=True)
+        listed = ", ".join(
+            f"{v} ({n} sample{'s' if n != 1 else ''})"
+            for v, n in zip(labels.tolist(), counts.tolist(), strict=True)
+        )
+        raise DatasetError(
+            f"test_data: labels {listed} lie outside train_data's labels 0..{classes - 1} "
+            f"({classes} classes), so the model is never trained on them (nor, sized by "
+            "train_data, has outputs for them); give test data of train_data's classes, or "
+            "train on every class"
         )
 
 

@@ -26,6 +26,7 @@ from hethpc.train.assembly import assemble
 from hethpc.train.build import build, check_outputs, load_data
 from hethpc.train.config import TrainConfig
 from hethpc.train.epoch import EpochEnd
+from hethpc.train.errors import TrainingInterrupted
 from hethpc.train.evaluation import Metric, accuracy, metric_key
 from hethpc.train.faults import Fault
 from hethpc.train.finish import summarize
@@ -94,6 +95,8 @@ def train(
         ConfigError: settings differ across ranks, or the run directory holds another run.
         ModelMismatchError: the ranks built different models.
         NonFiniteError: a NaN/Inf appeared and ``cfg.on_nonfinite == "stop"``.
+        TrainingInterrupted: a ``KeyboardInterrupt`` (Ctrl-C) stopped the loop: the steps
+            done and the checkpoint kept, as this rank knows them (see :func:`run_training`).
     """
     run_dir = start_run(cfg, overwrite=overwrite, log=log)
     train_set, test_set = load_data(cfg)
@@ -134,6 +137,11 @@ def run_training(
         metric: ``metric(model(x), y)``, a batch mean (default accuracy).
         faults: deliberate failures, for reliability tests only.
         log: where rank 0's messages go.
+
+    Raises:
+        TrainingInterrupted: a ``KeyboardInterrupt`` stopped the loop; it says how far this
+            rank got and its latest complete checkpoint, and no collective is started after
+            it (the other ranks may be stopped, or never learn of it).
     """
     rank, size = comm.rank(), comm.size()
     say = log if rank == 0 else (lambda _msg: None)
@@ -175,7 +183,6 @@ def run_training(
     )
     if bar is not None:
         say = bar.write  # messages from here on never land inside the bar
-    last_path: Path | None = None
     gc.collect()  # before the clock starts; the loop then runs on a frozen heap
     tally.t0 = time.perf_counter()
 
@@ -195,6 +202,11 @@ def run_training(
         cfg, run, test_set, metric=metric, key=key, metrics=metrics, tick=tick, say=say,
         val_set=val_set, tally=tally,
     )  # fmt: skip
+    # A resumed run's checkpoint stands until this run saves one.
+    last_path: Path | None = (
+        ckpts.manager.path(start) if start and start in ckpts.manager.steps() else None
+    )
+    done = start  # steps completed, for the word on an interrupt
     try:
         with dog, frozen_heap():
             for step in range(start, total):
@@ -206,6 +218,7 @@ def run_training(
                     and step + 1 < total
                 ):
                     last_path = ckpts.save(step + 1, metrics=metrics, dog=dog)
+                done = step + 1
                 dog.kick()
             if bar is not None:
                 bar.close()
@@ -222,6 +235,13 @@ def run_training(
                 score = engine.evaluate(test_set, metric, tick=tick)
             if val_set is not None:
                 val_score = engine.evaluate(val_set, metric, tick=tick)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where the job makes it one
+        if bar is not None:
+            bar.close()
+        saved = last_path if last_path is not None and last_path.is_file() else None
+        raise TrainingInterrupted(
+            str(e) or "SIGINT", step=done, total=total, checkpoint=saved, run_dir=run_dir
+        ) from e
     finally:
         emulated = comm.link_stats()
         comm.set_link(None)
