@@ -17,8 +17,9 @@ Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
 2. **The target**, fixed before any choice: BSP at its most accurate grid point, trained
    once more per seed in ``target_seeds``; their median final validation accuracy minus
    ``margin``.
-3. **The choice**: each method's setting is the one that reached the target on validation
-   soonest (none reached it: the highest final validation accuracy).
+3. **The choice**: each method's setting is the one that reached BSP's median (the target
+   plus the margin) on validation soonest, so that it reaches the target on other seeds too
+   (none reached it: the highest final validation accuracy).
 4. **Measuring**: every method at its choice, once per seed in ``seeds`` (not the tuning
    seed), the methods in a random order per seed. Per run: seconds to the target on
    validation (the first evaluation at or above it, clock stopped while evaluating), the final
@@ -164,9 +165,14 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
         say(f"  {name}: target {100 * target:.2f} % validation accuracy (BSP lr {top['lr']}, "
             f"batch {top['batch']}: finals {', '.join(f'{100 * v:.2f}' for v in finals)} %)")
 
+        # Choices are made against BSP's median itself (the target plus the margin): a
+        # setting that barely crossed the target on the tuning seed misses it on others (in
+        # the run before this rule the tuned BSP reached it in 0 of 5 measuring seeds).
+        bar = target + proto["margin"]
+
         def candidates(m: str) -> list[dict[str, Any]]:
             for t in tuning[m]:
-                t["tta"] = first_at_or_above(t["val"], target)
+                t["tta"] = first_at_or_above(t["val"], bar)
                 t["final"] = t["final_val"]
             return tuning[m]
 
@@ -182,7 +188,7 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             best = pick(candidates(m))
             chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
             reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
-            say(f"  {name} {m}: chose {chosen[m]} (to target on validation: {reached})")
+            say(f"  {name} {m}: chose {chosen[m]} (to {100 * bar:.2f} % on validation: {reached})")
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         for seed in proto["seeds"]:  # 4. interleaved, a random order per seed
             order = list(methods)

@@ -36,6 +36,8 @@ ELSEWHERE = {
     "ompi_info": "a diagnostic of the site's MPI, printed as is",
     "scripts/mpirun.sh -np 2 .venv/bin/python -m mpi4py -m pytest tests/mpi": "make test-mpi",
     ".venv/bin/hethpc-convert idx": "needs the user's IDX files; tests/test_data_convert.py",
+    ".venv/bin/python benchmarks/bench_evidence.py --only": "a scenario of the protocol takes "
+    "about 30 minutes; tests/test_bench_evidence.py runs the protocol in miniature (--quick)",
     "scripts/device_check.sh": "a GPU check; tests/test_device_check.py runs it with --cpu --small",
     "scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --device cuda": "needs a GPU; "
     "scripts/device_check.sh runs jobs/train.py --device cuda there (on CPU: --device cpu)",
