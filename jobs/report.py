@@ -77,7 +77,7 @@ def metric_of(run: dict[str, Any]) -> str | None:
 
 
 def metric_label(key: str) -> str:
-    """``test accuracy (%)``, ``validation MSE``, ``test mae``: the axis label of a score."""
+    """``test accuracy (%)``, ``validation MSE``, ``test top 5``: the axis label of a score."""
     split, _, name = key.partition("_")
     split = {"val": "validation"}.get(split, split)
     if name == "acc":
