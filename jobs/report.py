@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from hethpc._cli import ArgumentParser  # noqa: E402
 from hethpc.train import format_summary, read_metrics, time_to_target  # noqa: E402
 
 
@@ -237,7 +238,7 @@ def time_to_baseline(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="jobs/report.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
