@@ -1,4 +1,4 @@
-"""Dynamic batching vs uniform batches with one rank emulated FACTOR times slower (issue 4).
+"""Dynamic batching vs uniform batches with one rank emulated FACTOR times slower.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_dynbatch.py [--quick]
 

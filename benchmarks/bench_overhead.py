@@ -39,7 +39,7 @@ drifts 10-30 % within seconds). Beside them, the same gradient bytes through eac
 parameter list, one Horovod tensor, gloo, mpi4py; the Horovod rows with Horovod started, the
 others as the job runs them): median milliseconds and GB/s.
 
-Goals (issue 23): hethpc BSP at most 0.95x Horovod and 0.95x DDP per epoch (step), on both
+Goals: hethpc BSP at most 0.95x Horovod and 0.95x DDP per epoch (step), on both
 models; its allreduce at least 0.9x the fastest transport on the same bytes; test accuracy of
 the job within 0.1 point of the previous commit's. The last line is one JSON object.
 """

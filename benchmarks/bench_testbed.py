@@ -1,4 +1,4 @@
-"""The testbed against the emulation (issue 37): what the kernel enforces, dynamic batching
+"""The testbed against the emulation: what the kernel enforces, dynamic batching
 under a real CPU quota, and the demo's scenario run both ways.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed.py [--quick]

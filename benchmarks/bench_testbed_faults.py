@@ -1,4 +1,4 @@
-"""Real faults on a testbed (issue 37, item 7): what a user gets when a link goes down, a node
+"""Real faults on a testbed: what a user gets when a link goes down, a node
 dies, or a link slows down while ``jobs/train.py`` runs across nodes.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed_faults.py

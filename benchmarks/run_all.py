@@ -6,10 +6,10 @@
     .venv/bin/python benchmarks/run_all.py --render   # RESULTS.md again from RESULTS.json
 
 Each benchmark runs under ``flock /tmp/hethpc-bench.lock`` (never two at once on a shared
-machine); its last stdout line is one JSON object. The goals below come from the issues; a
-benchmark or key without a goal is listed with its value alone. Every benchmark's last result
-is kept in benchmarks/RESULTS.json (with when it ran and whether quick), so ``--only`` reruns
-some and RESULTS.md still lists all, each with its own date.
+machine); its last stdout line is one JSON object. The goals below are the targets each
+benchmark checks; a benchmark or key without a goal is listed with its value alone. Every
+benchmark's last result is kept in benchmarks/RESULTS.json (with when it ran and whether quick),
+so ``--only`` reruns some and RESULTS.md still lists all, each with its own date.
 """
 
 from __future__ import annotations
@@ -193,8 +193,8 @@ def render(results: dict[str, tuple[dict | None, float, str]], runs: dict[str, s
     lines = [
         "# Benchmark results",
         "",
-        "`make bench` (benchmarks/run_all.py). Goals from the issues; quick runs are smoke runs "
-        "whose figures say less about the goals than the default ones. Runs:",
+        "`make bench` (benchmarks/run_all.py). Goals: the targets each benchmark checks; quick "
+        "runs are smoke runs whose figures say less about the goals than the default ones. Runs:",
         "",
         *[f"- {name}: {runs[name]}" for name in results],
         "",

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
+from hethpc._cli import ArgumentParser, flag_hint
+
 if TYPE_CHECKING:
     from hethpc.data import Manifest
 
@@ -51,11 +53,12 @@ class UsageError(ValueError):
     """An option value no conversion can use; the message starts with the option."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     """Reports a bad command line in the one-line form of every other error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{PROG}: error: {message}; see {self.prog} --help\n")
+        hint = flag_hint(self, message)
+        self.exit(2, f"{PROG}: error: {message}{hint}; see {self.prog} --help\n")
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from hethpc._cli import ArgumentParser, flag_hint
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -45,12 +47,12 @@ class UsageError(ValueError):
     """An option value that cannot be used; the message starts with the option."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     """Reports a bad command line in the one-line form of every other error."""
 
     def error(self, message: str) -> NoReturn:
         hints = [f"{old} is now {new}" for old, new in RENAMED.items() if old in message.split()]
-        hint = f" ({', '.join(hints)})" if hints else ""
+        hint = f" ({', '.join(hints)})" if hints else flag_hint(self, message)
         self.exit(2, f"{PROG}: error: {message}{hint}; see {PROG} --help\n")
 
 

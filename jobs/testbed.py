@@ -18,6 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
+from hethpc._cli import ArgumentParser
 from hethpc.testbed import SpecError, Testbed, TestbedError, load_nodes, running
 from hethpc.testbed.spec import parse_flag
 
@@ -53,7 +54,7 @@ def _print_status(bed: Testbed) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="hethpc-testbed", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Node keys: cpu (cores, e.g. 0.5; 'none'), link (e.g. 200mbit, 1gbit; 'none'), "

@@ -4,16 +4,16 @@
     scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --config run.toml --sync selsync
 
 Settings come from the defaults, then the TOML file given with --config (keys named like the
-flags, with underscores), then the flags. Every rank checks that all ranks run the same
-settings before training. Rank 0 shows progress and prints a summary table; per-rank metrics
-go to <run-dir>/metrics/rank<k>.jsonl; plot them with jobs/report.py <run-dir>. Every setting,
-grouped as below, with its default and which may differ between ranks: docs/settings.md.
+flags, with underscores, at the top or under their group's table: [sync] for threshold), then
+the flags. Every rank checks that all ranks run the same settings before training. Rank 0 shows
+progress and prints a summary table; per-rank metrics go to <run-dir>/metrics/rank<k>.jsonl;
+plot them with jobs/report.py <run-dir>. Every setting, grouped as below, with its default and
+which may differ between ranks: docs/settings.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shlex
 import signal
@@ -27,6 +27,7 @@ import torch
 
 import hethpc
 from hethpc import comm
+from hethpc._cli import ArgumentParser, flag_hint
 from hethpc.train import (
     ConfigError,
     Fault,
@@ -34,6 +35,7 @@ from hethpc.train import (
     TrainingInterrupted,
     config_fields,
     config_sections,
+    config_tables,
     format_summary,
     load_toml,
     make_config,
@@ -52,19 +54,9 @@ class UsageError(Exception):
     """A flag the parser cannot read (an unknown flag, a value of the wrong type)."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-def did_you_mean(message: str) -> str:
-    """``"; did you mean --epochs?"`` for the unknown flags in an argparse message, or ``""``."""
-    if "unrecognized arguments" not in message:
-        return ""
-    flags = [o for a in build_parser()._actions for o in a.option_strings]
-    words = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
-    close = [m for w in words for m in difflib.get_close_matches(w, flags, n=1)]
-    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def launch_rank() -> tuple[int, int]:
@@ -132,10 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Fault.parse,
         help="testing only: make RANK kill itself/stall/raise/produce NaN (KIND) at STEP",
     )
+    tables = config_tables()
     for section, fields in config_sections():
-        group = p.add_argument_group(section)
+        group = p.add_argument_group(f"{section} (TOML table [{tables[fields[0].name]}])")
         for f in fields:
-            text = f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%")
+            # An empty default is "none", or a choice the help describes: "(default: '')" is noise.
+            shown = f" (default: {f.default!r})" if f.default != "" else ""
+            text = f"{f.metadata['help']}{shown}".replace("%", "%%")
             kw: dict[str, Any] = {"dest": f.name, "help": text}
             if f.metadata["choices"]:
                 kw["choices"] = f.metadata["choices"]
@@ -262,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 128 + (signal.SIGTERM if name == "SIGTERM" else signal.SIGINT)
         stop(f"{PROG}: stopped by {name} before training started", code)
     except UsageError as e:
-        fail(f"{PROG}: error: {e}{did_you_mean(str(e))} (see '{PROG} --help' for every setting)")
+        hint = flag_hint(build_parser(), str(e))
+        fail(f"{PROG}: error: {e}{hint} (see '{PROG} --help' for every setting)")
     except Exception as e:
         if not is_user_error(e):
             raise

@@ -35,6 +35,27 @@ def test_a_user_error_through_a_console_script_is_one_line(tmp_path: Path) -> No
     assert "did you mean --epochs?" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("script", "argv", "hint"),
+    [
+        ("hethpc-train", ["--epoch", "2"], "arguments: --epoch 2; did you mean --epochs?"),
+        ("hethpc-report", ["run", "--ou", "x"], "arguments: --ou x; did you mean --out?"),
+        ("hethpc-convert", ["synthetic", "--out", "o", "--sampl", "5"], "did you mean --samples?"),
+        ("hethpc-inspect", ["data", "--verif"], "did you mean --verify?"),
+        ("hethpc-testbed", ["up", "--nod", "cpu=1"], "did you mean --node or --nodes?"),
+    ],
+    ids=["train", "report", "convert", "inspect", "testbed"],
+)  # fmt: skip
+def test_no_console_script_takes_an_abbreviated_flag(
+    tmp_path: Path, script: str, argv: list[str], hint: str
+) -> None:
+    # argparse's default reads a flag's beginning as the flag: --epoch 2 ran as --epochs 2.
+    proc = subprocess.run([str(BIN / script), *argv], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and hint in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = sorted(
     p.relative_to(ROOT).as_posix()

@@ -142,6 +142,10 @@ BAD_COMMAND_LINES = [
      "convert.py: error: the following arguments are required: --out; see convert.py npz --help"),
     ("no-source", [], "convert.py: error: the following arguments are required: source; "
      "see convert.py --help"),
+    # An abbreviation was read as the flag it begins: a typo passed unnoticed.
+    ("abbreviated-flag", ["synthetic", "--out", "o", "--sampl", "5"],
+     "convert.py: error: unrecognized arguments: --sampl 5; did you mean --samples?; "
+     "see convert.py --help"),
 ]
 
 

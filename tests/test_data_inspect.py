@@ -98,6 +98,8 @@ MISTAKES = [
      "unrecognized arguments: --partitioner label_skew (--partitioner is now --partition)"),
     ("old-alpha-flag", ["{d}", "--partition", "dirichlet", "--alpha", "0.3"],
      "unrecognized arguments: --alpha 0.3 (--alpha is now --dirichlet-alpha)"),
+    ("abbreviated-flag", ["{d}", "--verif"],
+     "unrecognized arguments: --verif; did you mean --verify?"),
     ("partitioner-name", ["{d}", "--partition", "label_skew"],
      "argument --partition: invalid choice: 'label_skew'"),
     ("bad-int", ["{d}", "--world-size", "two"], "argument --world-size: invalid int value: 'two'"),

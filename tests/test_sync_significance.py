@@ -18,7 +18,7 @@ def _same(a: float, b: float) -> bool:
 
 
 def test_ewma_delta_and_votes_closed_form() -> None:
-    # The literal criterion, delta = |S_t - S_(t-1)| / S_(t-1).
+    # The literal step-to-step criterion, delta = |S_t - S_(t-1)| / S_(t-1).
     # window 3: a = 2 / (3 + 1) = 0.5; warm-up covers the first three observations.
     t = SignificanceTracker(threshold=0.3, window=3, criterion="previous")
     norms = [2.0, 4.0, 4.0, 4.0, 10.0, 10.0]

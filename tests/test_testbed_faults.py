@@ -1,5 +1,5 @@
 """A node that dies mid-run on a testbed ends the training job soon, naming the node, leaves
-nothing behind, and ``--resume`` continues on the nodes that remain (issue 37, item 7; the
+nothing behind, and ``--resume`` continues on the nodes that remain (the
 figures: benchmarks/bench_testbed_faults.py)."""
 
 from __future__ import annotations

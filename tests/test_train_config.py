@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from hethpc.train import ConfigError, TrainConfig, load_toml, resume_differences
+from hethpc._cli import flag_hint
+from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml, resume_differences
 from hethpc.train.parts import make_controller
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "jobs"))
 import train as train_job  # noqa: E402
 
 
@@ -37,6 +40,77 @@ def test_bad_toml_is_refused_naming_the_file(tmp_path: Path, text: str, match: s
     with pytest.raises(ConfigError, match=match) as e:
         load_toml(p)
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("epochs = 2\nepoch = 3\n", r"unknown setting\(s\) \['epoch'\]: epoch \(line 2; did you "
+         r"mean 'epochs'\?\)"),
+        ("[sync]\ntreshold = 0.5\n", r"\[sync\] treshold \(line 2; did you mean 'threshold'\?\)"),
+        ("batch-sise = 64\n", r"batch-sise \(line 1; did you mean 'batch_size'\?\)"),
+        ("[batching]\nsync = 'bsp'\n", r"line 2: sync is under \[batching\], but belongs to "
+         r"\[sync\]; move it there, or to the top"),
+        ("[data]\nthreshold = 0.5\n", r"threshold is under \[data\], but belongs to \[sync\]"),
+        ("[sycn]\nsync = 'bsp'\n", r"line 1: unknown table \[sycn\] \(did you mean \[sync\]\?\); "
+         r"the tables are \[data\], \[model\], \[sync\], \[batching\], \[pipeline\], \[output\]"),
+    ],
+    ids=["misspelt-key", "misspelt-key-in-table", "misspelt-dashed-key", "key-in-another-table",
+         "key-in-another-table-2", "misspelt-table"],
+)  # fmt: skip
+def test_a_toml_mistake_names_the_file_key_and_line(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "run.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match) as e:
+        train_job.parse_config(["--config", str(p)])
+    assert str(e.value).startswith(str(p)), e.value
+
+
+def test_every_key_is_accepted_at_the_top_and_under_its_own_table(tmp_path: Path) -> None:
+    tables = config_tables()
+    defaults = TrainConfig().to_dict()
+    top = [f"{n} = {json.dumps(defaults[n])}" for n in tables]
+    grouped = [f"[{t}]\n" + "\n".join(
+        f"{n} = {json.dumps(defaults[n])}" for n in tables if tables[n] == t
+    ) for t in dict.fromkeys(tables.values())]  # fmt: skip
+    for text in ("\n".join(top), "\n".join(grouped)):
+        p = tmp_path / "all.toml"
+        p.write_text(text + "\n")
+        assert load_toml(p) == defaults
+
+
+TOMLS = sorted((ROOT / "jobs").glob("**/*.toml")) + sorted((ROOT / "examples").glob("**/*.toml"))
+
+
+@pytest.mark.parametrize("path", TOMLS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_shipped_toml_files_load(path: Path) -> None:
+    cfg, _ = train_job.parse_config(["--config", str(path)])
+    assert cfg.to_dict().items() >= load_toml(path).items()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epoch", "2"], "unrecognized arguments: --epoch 2; did you mean --epochs?"),
+        (["--epoch=2"], "unrecognized arguments: --epoch=2; did you mean --epochs?"),
+        (["--sync-w", "5"], "unrecognized arguments: --sync-w 5; did you mean --sync-window?"),
+        (["--eval", "2"], "did you mean --eval-every or --eval-every-steps?"),
+        (["--epcohs", "2"], "unrecognized arguments: --epcohs 2; did you mean --epochs?"),
+    ],
+    ids=["abbreviation", "abbreviation-with-equals", "abbreviation-of-a-longer-flag",
+         "ambiguous-abbreviation", "misspelt"],
+)  # fmt: skip
+def test_an_abbreviated_or_misspelt_flag_is_refused_with_a_suggestion(
+    flags: list[str], message: str
+) -> None:
+    with pytest.raises(train_job.UsageError) as e:
+        train_job.parse_config(flags)
+    assert message in f"{e.value}{flag_hint(train_job.build_parser(), str(e.value))}"
+
+
+def test_each_flag_states_one_default() -> None:
+    for action in train_job.build_parser()._actions:
+        assert (action.help or "").count("default") <= 1, (action.option_strings, action.help)
 
 
 def test_flags_override_toml_which_overrides_defaults(tmp_path: Path) -> None:

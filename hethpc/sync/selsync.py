@@ -45,7 +45,7 @@ class SelSync(SyncPolicy):
             norms, as the published code); default ``"global"``.
         criterion: which relative change of the norm is compared with ``threshold``:
             ``"last_sync"`` (default: the smoothed norm against its value at the last sync),
-            ``"window"``, ``"previous"`` (the issue's literal ``|S_t - S_(t-1)| / S_(t-1)``),
+            ``"window"``, ``"previous"`` (the literal step-to-step ``|S_t - S_(t-1)| / S_(t-1)``),
             ``"delta"``, ``"delta_mean"``; see :class:`SignificanceTracker`.
         max_local_steps: a staleness bound: synchronise anyway after this many local steps in
             a row (all ranks count the same steps, so they agree; 0 is BSP). None (default):

@@ -90,7 +90,7 @@ class SignificanceTracker:
     - ``"window"``: ``|S_t - S_(t-w)| / S_(t-w)``, the relative change of the smoothed
       norm over the last ``w = window`` steps: the smoothed norm moved by ``threshold`` within
       one window. (While fewer than ``w`` steps lie behind, the oldest ``S`` there is.)
-    - ``"previous"``: ``|S_t - S_(t-1)| / S_(t-1)``, the issue's literal definition. With a
+    - ``"previous"``: ``|S_t - S_(t-1)| / S_(t-1)``, the literal step-to-step definition. With a
       span-``w`` EWMA this equals ``a * |g_t - S_(t-1)| / S_(t-1)``, so at threshold 0.3 and
       window 25 a rank votes only when its norm is about 5x its average: almost never.
     - ``"delta"``: the published code's order (smooth the change instead of the norm): the

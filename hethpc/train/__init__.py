@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from hethpc.train.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.config import ConfigError, TrainConfig, config_fields, config_sections
+from hethpc.train.config import (
+    ConfigError,
+    TrainConfig,
+    config_fields,
+    config_sections,
+    config_tables,
+)
 from hethpc.train.config_compare import check_same_config, resume_differences
 from hethpc.train.config_doc import settings_markdown
 from hethpc.train.config_sources import load_toml, make_config, toml_sources
@@ -47,6 +53,7 @@ __all__ = [
     "check_same_model",
     "config_fields",
     "config_sections",
+    "config_tables",
     "accuracy",
     "evaluate",
     "fit",

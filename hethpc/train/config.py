@@ -19,7 +19,7 @@ from hethpc.comm.runtime import TRANSPORTS
 from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
 
-__all__ = ["ConfigError", "TrainConfig", "config_fields", "config_sections"]
+__all__ = ["ConfigError", "TrainConfig", "config_fields", "config_sections", "config_tables"]
 
 
 def _f(
@@ -58,7 +58,10 @@ class TrainConfig:
     )
     data_seed: int = _f(42, "seed of the generated MNIST-1D data and of --val-fraction's split")
     cache_dir: str = _f(
-        "", "where generated data sets are cached (default ~/.cache/hethpc)", local=True
+        "",
+        "where generated data sets are cached; empty: $HETHPC_CACHE when set, else "
+        "~/.cache/hethpc",
+        local=True,
     )
     partition: str = _f(
         "iid", "how samples map to ranks", choices=("iid", "seldp", "labels", "dirichlet")
@@ -332,14 +335,15 @@ class TrainConfig:
         return hashlib.sha256(blob).hexdigest()
 
 
-# The first field of each group of settings, in declaration order, and the group's title.
+# The first field of each group of settings, in declaration order, the group's TOML table and
+# its title.
 SECTIONS = (
-    ("data", "data"),
-    ("model", "model and optimisation"),
-    ("sync", "synchronisation"),
-    ("batching", "batching"),
-    ("pipeline_stages", "pipeline"),
-    ("eval_every", "reliability and output"),
+    ("data", "data", "data"),
+    ("model", "model", "model and optimisation"),
+    ("sync", "sync", "synchronisation"),
+    ("batching", "batching", "batching"),
+    ("pipeline_stages", "pipeline", "pipeline"),
+    ("eval_every", "output", "reliability and output"),
 )
 
 
@@ -350,10 +354,21 @@ def config_fields() -> list[dataclasses.Field[Any]]:
 
 def config_sections() -> list[tuple[str, list[dataclasses.Field[Any]]]]:
     """The fields of :class:`TrainConfig` in their groups (data, model, ...), in order."""
-    starts = dict(SECTIONS)
+    starts = {first: title for first, _, title in SECTIONS}
     out: list[tuple[str, list[dataclasses.Field[Any]]]] = []
     for f in config_fields():
         if f.name in starts:
             out.append((starts[f.name], []))
         out[-1][1].append(f)
+    return out
+
+
+def config_tables() -> dict[str, str]:
+    """The TOML table of each setting (``{"threshold": "sync", ...}``): its group's."""
+    starts = {first: table for first, table, _ in SECTIONS}
+    out: dict[str, str] = {}
+    table = ""
+    for f in config_fields():
+        table = starts.get(f.name, table)
+        out[f.name] = table
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hethpc.train.config import config_sections
+from hethpc.train.config import config_sections, config_tables
 
 __all__ = ["settings_markdown"]
 
@@ -16,10 +16,12 @@ _HEAD = """\
 # Settings
 
 Every setting of a training run, one per row: a flag of `jobs/train.py` (`--batch-size 256`),
-a key of its `--config` TOML file (`batch_size = 256`, tables allowed for grouping), and a
-keyword of `hethpc.fit` (`batch_size=256`); later sources override earlier ones (defaults,
-then the file, then the flags). Each is checked where it enters: a wrong name, type, range or
-combination stops the job with one message naming it.
+a key of its `--config` TOML file (`batch_size = 256`), and a keyword of `hethpc.fit`
+(`batch_size=256`); later sources override earlier ones (defaults, then the file, then the
+flags). In the file a key goes at the top, before any table, or under its group's table, named
+in the group's heading (`[sync]` then `threshold = 0.5`); a key under another group's table is
+refused, as it is most likely a mistake. Each setting is checked where it enters: a wrong
+name, table, type, range or combination stops the job with one message naming it.
 
 *local*: may differ between ranks (paths on node-local disks, display); every other setting
 must be equal on every rank, and a difference is named before training. *resumable*: does not
@@ -49,8 +51,10 @@ def _meaning(f: dataclasses.Field[Any]) -> str:
 def settings_markdown() -> str:
     """``docs/settings.md``: a table per group of settings (flag and key, default, meaning)."""
     parts = [_HEAD.format(fit=", ".join(f"`{n}`" for n in _FIT_ARGUMENTS))]
+    tables = config_tables()
     for section, fields in config_sections():
-        parts.append(f"\n## {section[0].upper()}{section[1:]}\n")
+        table = tables[fields[0].name]
+        parts.append(f"\n## {section[0].upper()}{section[1:]} (TOML table `[{table}]`)\n")
         parts.append("| flag / key | default | meaning |")
         parts.append("| --- | --- | --- |")
         for f in fields:
