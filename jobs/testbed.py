@@ -127,15 +127,17 @@ def _dispatch(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
                 print(f"testbed {name}: partly present ({json.dumps(beds[name]) or 'no state'}); "
                       f"remove it with: hethpc-testbed --name {name} down")  # fmt: skip
         return 0
-    bed = Testbed.attach(args.name) if args.cmd != "down" or args.name in running() else None
+    up = args.cmd != "down" or args.name in running()
+    found: Testbed | None = Testbed.attach(args.name) if up else None
     if args.cmd == "down":
-        if bed is None:
+        if found is None:
             print(f"no testbed named {args.name!r} is up")
             return 0
-        bed.down()
+        found.down()
         print(f"testbed {args.name} is down")
         return 0
-    assert bed is not None
+    assert found is not None
+    bed = found
     node = _node_index(bed, args.node)
     if args.cmd == "link":
         rate = args.rate.lower()
