@@ -4,7 +4,7 @@ Both take rank 0's records when the metrics are flushed (epoch ends, checkpoints
 records), so training steps never wait on them. The layouts are those Lightning users know: a
 ``metrics.csv`` with one row per record and a blank where a record has no value (as Lightning's
 ``CSVLogger``), and event files for ``tensorboard --logdir <run_dir>/tensorboard`` with the
-tags ``train/...``, ``batch/rank<k>``, ``time/...`` and ``test/...``.
+tags ``train/...``, ``batch/rank<k>``, ``time/...``, ``test/...`` and ``val/...``.
 """
 
 from __future__ import annotations
@@ -90,8 +90,9 @@ class TensorBoardSink:
                         self._writer.add_scalar(f"batch/rank{k}", b, step)
             elif r.get("kind") == "epoch":
                 for key, value in r.items():
-                    if key.startswith("test_") and isinstance(value, (int, float)):
-                        self._writer.add_scalar(f"test/{key[5:]}", float(value), step)
+                    split, _, name = key.partition("_")
+                    if split in ("test", "val") and name and isinstance(value, (int, float)):
+                        self._writer.add_scalar(f"{split}/{name}", float(value), step)
         self._writer.flush()
 
     def close(self) -> None:
