@@ -246,14 +246,18 @@ def table(name: str, res: dict[str, Any]) -> str:
 
 
 def goals(results: dict[str, Any]) -> dict[str, Any]:
-    """Each method's median time to the target over the tuned BSP's, per scenario."""
+    """Each method's median time to the target over the tuned BSP's, per scenario; the same
+    only where every seed reached the target (``_every_seed``, else None)."""
     out: dict[str, Any] = {}
     for name, res in results.items():
         bsp = res["medians"]["bsp"]["tta_val"]["median"]
         for m, med in res["medians"].items():
             t = med["tta_val"]["median"]
-            out[f"{name}_{m}_over_bsp"] = round(t / bsp, 3) if t and bsp else None
+            ratio = round(t / bsp, 3) if t and bsp else None
+            out[f"{name}_{m}_over_bsp"] = ratio
             out[f"{name}_{m}_seeds_reaching"] = med["tta_val"]["n"]
+            every = med["tta_val"]["n"] == med["tta_val"]["of"]
+            out[f"{name}_{m}_over_bsp_every_seed"] = ratio if every else None
     return out
 
 

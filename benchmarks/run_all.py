@@ -116,14 +116,16 @@ GOALS["bench_testbed"] = {
 # The evidence protocol (docs/evaluation.md): medians over 5 seeds against BSP tuned alike.
 GOALS["bench_evidence"] = {
     **{
-        f"demo_{m}_over_bsp": (
+        f"demo_{m}_over_bsp_every_seed": (
             "<= 0.6 (median time to target / the tuned BSP's; every seed reaching it)",
             lambda v: _le(v, 0.6),
         )
         for m in ("bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
     },
     **{
-        f"iid_3x_slowlink_{m}_over_bsp": ("<= 0.5 (at least 2x sooner)", lambda v: _le(v, 0.5))
+        f"iid_3x_slowlink_{m}_over_bsp": (
+            "<= 0.5 (at least 2x sooner; median of the seeds reaching it)", lambda v: _le(v, 0.5)
+        )
         for m in ("bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
     },
 }
