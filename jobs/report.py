@@ -35,15 +35,18 @@ def load_run(run: Path) -> dict[str, Any]:
     files = sorted((run / "metrics").glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
     if not files:
         raise SystemExit(f"{run}: no metrics/rank*.jsonl; is it a run directory of jobs/train.py?")
-    steps, epochs = [], []
-    for f in files:
+    steps, epochs, resumes = [], [], []
+    for k, f in enumerate(files):
         recs = read_metrics(f)
+        if k == 0:  # rank 0 records where each resumed process took over
+            resumes = [r for r in recs if r["kind"] == "resume"]
         by_step = {r["step"]: r for r in recs if r["kind"] == "step"}  # a resume may repeat steps
         steps.append([by_step[s] for s in sorted(by_step)])
         epochs += [r for r in recs if r["kind"] == "epoch"]
     summary_path = run / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return {"name": run.resolve().name, "steps": steps, "epochs": epochs, "summary": summary}
+    return {"name": run.resolve().name, "steps": steps, "epochs": epochs, "summary": summary,
+            "resumes": resumes}  # fmt: skip
 
 
 def _smooth(y: np.ndarray, k: int = 10) -> np.ndarray:
@@ -113,8 +116,13 @@ def curves_figure(runs: list[dict[str, Any]]) -> Any:
         step, t, loss = _col(r0, "step"), _col(r0, "time"), _col(r0, "loss")
         k = min(10, max(1, len(loss) // 10))
         who = f"{run['name']}: rank {rank}, mean of {k}"
-        axes[0, 0].plot(step[k - 1 :], _smooth(loss, k), label=who)
+        line = axes[0, 0].plot(step[k - 1 :], _smooth(loss, k), label=who)[0]
         axes[0, 1].plot(t[k - 1 :], _smooth(loss, k), label=who)
+        for j, r in enumerate(run.get("resumes", [])):  # where a resumed process took over
+            mark = {"color": line.get_color(), "ls": ":", "lw": 1.2}
+            said = f"{run['name']}: resumed" if not j else None
+            axes[0, 0].axvline(r["step"], **mark, label=said)
+            axes[0, 1].axvline(r["time"], **mark)
         key = metric_of(run)
         if key is None:
             continue

@@ -354,3 +354,13 @@ def test_coordinator_refuses_a_horovod_distributed_optimizer() -> None:
     with pytest.raises(hethpc.ConfigError, match="Horovod DistributedOptimizer.*plain optimizer"):
         hethpc.Coordinator(model, wrapped(model.parameters(), lr=0.1), global_batch=16)
     assert not hethpc.comm.is_horovod_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_stray_label_that_leaves_classes_empty_is_named() -> None:
+    x = np.zeros((9, 2), np.float32)
+    y = np.array([0, 1, 2, 3, 0, 1, 2, 3, 7])  # 4 classes and one stray 7
+    with pytest.warns(UserWarning, match=r"train_data: the labels run to 7, which makes 8 "
+                      r"classes, and 3 of them \(4, 5, 6\) have no sample; labels \(samples\): "
+                      r"0 \(2\), 1 \(2\), 2 \(2\), 3 \(2\), 7 \(1\)"):  # fmt: skip
+        data = hethpc.data.from_arrays(x, y, name="train_data")
+    assert data.num_classes == 8

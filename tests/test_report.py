@@ -205,3 +205,13 @@ def test_a_comparison_is_written_to_a_folder_of_its_own(
     assert [p.name for p in written] == sorted(report.FIGURES)
     assert f"plots written to {a / 'plots' / 'vs-b'}/" in out
     assert all(str(p) in out for p in written), out
+
+
+def test_a_resume_is_marked_where_the_resumed_process_took_over() -> None:
+    run = {**_run("r", [_steps(40)]), "resumes": [{"kind": "resume", "step": 25, "time": 2.6}]}
+    fig = report.curves_figure([run, _run("base", [_steps(40)])])
+    by_step, by_time = fig.axes[0], fig.axes[1]
+    marks = [ln for ln in by_step.get_lines() if ln.get_linestyle() == ":"]
+    assert [ln.get_xdata()[0] for ln in marks] == [25]
+    assert "r: resumed" in [t.get_text() for t in by_step.get_legend().get_texts()]
+    assert [ln.get_xdata()[0] for ln in by_time.get_lines() if ln.get_linestyle() == ":"] == [2.6]

@@ -134,8 +134,11 @@ def test_resume_on_one_rank_keeps_the_global_batch(
     proc, _ = _launch([sys.executable, str(JOB), *_args(cache, run, "--resume")], np=0)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "saved on 2 ranks, re-split over 1" in proc.stdout
-    steps = [m for m in read_metrics(run / "metrics" / "rank0.jsonl") if m["kind"] == "step"]
+    recs = read_metrics(run / "metrics" / "rank0.jsonl")
+    steps = [m for m in recs if m["kind"] == "step"]
     assert [m["step"] for m in steps] == list(range(30, 50)) and steps[0]["batch"] == 64
+    (resumed,) = [m for m in recs if m["kind"] == "resume"]  # where jobs/report.py marks it
+    assert resumed["step"] == 30 and 0 < resumed["time"] <= steps[0]["time"]
     # The same samples per step, summed in another order: equal up to float rounding.
     want, got = _final(uninterrupted), _final(run)
     for k, v in want["model"].items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,18 @@ def from_arrays(x: Any, y: Any, *, name: str = "data") -> ArrayDataset:
     if ya.min() < 0:
         raise DatasetError(f"{name}: class labels must be 0 or more, found {int(ya.min())}")
     xa = xa if xa.dtype == np.uint8 else xa.astype(np.float32, copy=False)
-    return ArrayDataset(xa, ya.astype(np.int64, copy=False), int(ya.max()) + 1)
+    counts = np.bincount(ya.astype(np.int64, copy=False))
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):  # a stray large label makes classes that no sample holds
+        held = ", ".join(f"{c} ({counts[c]})" for c in np.flatnonzero(counts))
+        warnings.warn(
+            f"{name}: the labels run to {len(counts) - 1}, which makes {len(counts)} classes, "
+            f"and {len(empty)} of them ({', '.join(map(str, empty[:10]))}"
+            f"{', ...' if len(empty) > 10 else ''}) have no sample; labels (samples): {held}. "
+            "Map the labels to 0, 1, 2, ... if that is not meant",
+            stacklevel=2,
+        )
+    return ArrayDataset(xa, ya.astype(np.int64, copy=False), len(counts))
 
 
 def from_torch(dataset: Any, *, name: str = "data") -> ArrayDataset:

@@ -169,6 +169,8 @@ def run_training(
     # config.json also records how this run's tensors travel (CUDA-aware MPI, NCCL, staging).
     recorded = {**cfg.to_dict(), "transfers": comm.transfers().as_dict()}
     metrics = open_run(run_dir, recorded, csv_log=cfg.csv, tensorboard=cfg.tensorboard)
+    if start > 0 and rank == 0:  # where this process took over (jobs/report.py marks it)
+        metrics.write("resume", step=start, time=tally.elapsed0)
     comm.set_link(comm.parse_link(cfg.link))  # emulation: every transfer as slow as the link
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
     # caught there, without a per-step vote. Other policies, and pipelines, vote.
