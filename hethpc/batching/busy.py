@@ -71,7 +71,7 @@ class CpuShare:
         self._steps: deque[tuple[float, float]] = deque()
         self._wall = 0.0
         self._cpu = 0.0
-        self._step0: tuple[bool, float, float, float] | None = None
+        self._step0: tuple[float, float, float] | None = None
         self._compute0: tuple[float, float] | None = None
         self._compute: tuple[float, float] | None = None  # (wall, cpu) of the forward/backward
         self._cpu_now: Callable[[], float] = (
@@ -106,15 +106,13 @@ class CpuShare:
             return wall_s
         return cpu_s / share
 
-    def _mark(self) -> tuple[bool, float, float, float]:
-        """(from schedstat, wall clock, CPU time, run delay or time in collectives) now."""
+    def _mark(self) -> tuple[float, float, float]:
+        """(wall clock, CPU time, run delay or time in collectives) now; NaN where the kernel's
+        figures cannot be read (the step is then left out of the share)."""
         if self.schedstat:
-            got = read_schedstat()
-            if got is not None:
-                return True, time.perf_counter(), got[0], got[1]
-            self.schedstat = False  # the file went away: measure as elsewhere from here on
-            self._cpu_now = time.process_time
-        return False, time.perf_counter(), time.process_time(), comm.comm_seconds()
+            cpu, delay = read_schedstat() or (math.nan, math.nan)
+            return time.perf_counter(), cpu, delay
+        return time.perf_counter(), time.process_time(), comm.comm_seconds()
 
     def begin_step(self) -> None:
         """Mark a step's start."""
@@ -149,12 +147,10 @@ class CpuShare:
             return compute_s
         wall, cpu = computed
         stretch = max(compute_s - wall, 0.0)
-        kernel, t1, c1, x1 = self._mark()
-        if kernel != step0[0]:
-            return compute_s  # the measure changed mid-step
-        _, t0, c0, x0 = step0
+        t1, c1, x1 = self._mark()
+        t0, c0, x0 = step0
         step_cpu = c1 - c0
-        if kernel:  # busy: on the CPU or ready for it, the whole step, waits included
+        if self.schedstat:  # busy: on the CPU or ready for it, the whole step, waits included
             self.add(step_cpu + (x1 - x0), step_cpu)
         else:  # busy: wall time outside collectives and the emulated stretch
             self.add(t1 - t0 - (x1 - x0) - stretch, step_cpu)
