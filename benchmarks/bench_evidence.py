@@ -75,10 +75,10 @@ def _commit() -> str:
 
 
 def quick(work: dict[str, Any]) -> dict[str, Any]:
-    """The protocol in miniature, for the tests: one scenario, two methods, tiny runs, and a
+    """The protocol in miniature, for the tests: one scenario, BSP and SelSync, tiny runs, and a
     learning rate that diverges."""
     name = next(iter(work["scenarios"]))
-    scen = {**work["scenarios"][name], "methods": ["bsp", work["scenarios"][name]["methods"][-1]]}
+    scen = {**work["scenarios"][name], "methods": ["bsp", "selsync_dynamic"]}
     methods = {m: dict(work["methods"][m]) for m in scen["methods"]}
     for m in methods.values():
         if "values" in m:

@@ -73,7 +73,7 @@ def test_every_scenario_and_method_of_the_workload_is_a_valid_run() -> None:
         ("[base]\nmodel='mlp'\n", r"needs a \[protocol\] table"),
         ("[base]\na=1\n[protocol]\nmargin=0.1\n[methods.bsp]\nsync='bsp'\n[scenarios.x]\n"
          "ranks=2\n", r"\[protocol\] needs eval_every_samples"),
-        (bench_evidence.WORKLOAD.read_text().replace('"selsync_dynamic"]', '"selsync_dynamc"]'),
+        (bench_evidence.WORKLOAD.read_text().replace('"selsync_dynamic",', '"selsync_dynamc",'),
          r"unknown methods \['selsync_dynamc'\]"),
         ("[base", r"cannot read the workload"),
     ],
