@@ -4,10 +4,15 @@ then measured over seeds, interleaved, against BSP tuned the same way.
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_evidence.py
     .venv/bin/python benchmarks/bench_evidence.py --only demo --tables /tmp/evidence.md
     .venv/bin/python benchmarks/bench_evidence.py --quick        # minutes: the tests run it
+    .venv/bin/python benchmarks/bench_evidence.py --quick-peers  # the same with the peers
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_evidence.py \
+        --only testbed_iid_3x,testbed_demo                       # root: on the testbed
 
 A workload is a file of settings (``benchmarks/workloads/mnist1d.toml``): the settings of every
 run, the protocol's grid, seeds and margin, the methods with their own knob, the scenarios.
-Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
+Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks; a scenario with
+``testbed = [node, ...]`` is launched by ``jobs/testbed.py --name evidence run --node ...``, on
+a testbed brought up for it and taken down after it, and needs root on Linux):
 
 1. **Tuning** (seed ``tune_seed``): every method trains at every (learning rate, global batch)
    of the grid, its knob at its first value; then at its best pair, at its knob's other
@@ -24,6 +29,13 @@ Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
    seed), the methods in a random order per seed. Per run: seconds to the target on
    validation (the first evaluation at or above it, clock stopped while evaluating), the final
    test and validation accuracies, syncs by cause, batch sizes.
+
+A method may be a peer (``peer = "horovod"`` or ``"ddp"``: ``benchmarks/peer_horovod.py``,
+``peer_ddp.py``, their own training loop unchanged): it runs in the scenario's MPI job like
+hethpc's methods (``benchmarks/_peer_runs.py``) with the same grid, epochs, seeds, partition,
+validation split and evaluations, and is scored the same way. hethpc's emulation cannot slow a
+peer, so a scenario that emulates (``slowdown``, ``link``) may not list one: peers run in
+testbed scenarios, where the kernel slows every method alike, or without emulation.
 
 The last line is one JSON object: per scenario the target, every tuning run, each method's
 choice, every measuring run, and the medians; ``goals`` has the ratios (a method's median time
