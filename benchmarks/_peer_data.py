@@ -75,8 +75,9 @@ def train_split(
     samples, less the held-out ones (as hethpc draws it), padded to the largest share."""
     if args.partition == "iid":
         train = data.train if data.kept is None else Subset(data.train, data.kept.tolist())
-        sampler = DistributedSampler(train, num_replicas=size, rank=rank, shuffle=True,
-                                     seed=args.seed)  # fmt: skip
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            train, num_replicas=size, rank=rank, shuffle=True, seed=args.seed
+        )
         return train, sampler
     shares = LabelSkewPartitioner(labels_per_rank=args.labels_per_rank).all_indices(
         data.labels, size, args.seed
