@@ -127,6 +127,30 @@ def test_a_testbed_scenario_launches_through_the_testbed() -> None:
     assert bench_evidence.on_testbed(work["scenarios"]["demo"], ["x"]) == ["x"]
 
 
+def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hethpc.testbed
+
+    monkeypatch.setattr(hethpc.testbed, "missing", lambda: ["root"])
+    monkeypatch.setattr(bench_evidence, "under_mpi", lambda: False)
+    with pytest.raises(SystemExit, match=r"scenario testbed_demo runs on a testbed .* lacks root"):
+        bench_evidence.main(["--only", "testbed_demo"])
+    launched: list[list[str]] = []
+
+    def launch(cmd: list[str], **_kw: object) -> None:
+        launched.append(cmd)
+        raise KeyboardInterrupt  # stop at the first scenario's launch
+
+    monkeypatch.setattr(bench_evidence.subprocess, "run", launch)
+    monkeypatch.setattr(bench_evidence, "_commit", lambda: "unknown")
+    with pytest.raises(KeyboardInterrupt):  # all scenarios: the testbed's are left out
+        bench_evidence.main([])
+    out = capsys.readouterr().out
+    assert "testbed_iid_3x: left out" in out and "testbed_demo: left out" in out
+    assert launched[0][0].endswith("mpirun.sh") and "demo" in launched[0]
+
+
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
 @pytest.mark.timeout(600)
 def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: Path) -> None:
