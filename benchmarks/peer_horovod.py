@@ -20,8 +20,8 @@ shards the samples as ``torch.utils.data.DistributedSampler`` does; ``labels`` g
 rank's share shuffled every epoch and padded with its own samples to the largest share, so that
 every rank takes the same number of steps (Horovod's allreduce needs it).
 
-For the evidence protocol (``benchmarks/bench_evidence.py``, docs/evaluation.md), and only
-there, the run is scored as hethpc's runs are (``benchmarks/_peer_eval.py``): ``--val-fraction``
+Made for the evidence protocol (``benchmarks/bench_evidence.py``, docs/evaluation.md), the
+run can be scored as hethpc's runs are (``benchmarks/_peer_eval.py``): ``--val-fraction``
 holds out the validation split hethpc holds out (the same samples for the same ``--samples``
 and ``--data-seed``; training uses the rest), ``--eval-every-steps`` evaluates every so many
 steps instead of every epoch, on the validation split when there is one, with the training
