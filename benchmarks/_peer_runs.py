@@ -6,8 +6,8 @@ for each run and shuts it down after it (no background thread beside hethpc's ru
 ``peer_ddp.run`` joins the gloo process group once per process and reuses it (``close()`` at
 the scenario's end). A peer gets the grid's learning rate and global batch, the epoch budget,
 the seed, the partition, the data and the validation split of the run's settings, and the
-evaluations every ``eval_every_steps`` steps; its training loop is its own (a constant
-learning rate, equal batches).
+evaluations every ``eval_every_steps`` steps; its training loop is its own (equal batches,
+the run's learning-rate schedule as a ``LambdaLR``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def peer_argv(settings: Mapping[str, Any]) -> list[str]:
         "--momentum", str(cfg.momentum), "--seed", str(cfg.seed), "--partition", cfg.partition,
         "--labels-per-rank", str(cfg.labels_per_rank), "--samples", str(cfg.samples),
         "--data-seed", str(cfg.data_seed), "--val-fraction", str(cfg.val_fraction),
-        "--eval-every-steps", str(cfg.eval_every_steps),
+        "--eval-every-steps", str(cfg.eval_every_steps), "--lr-schedule", cfg.lr_schedule,
     ]  # fmt: skip
 
 

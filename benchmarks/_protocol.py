@@ -21,7 +21,8 @@ NOT_SETTINGS = (*SCENARIO_KEYS, "testbed")  # a scenario's keys that are not Tra
 PEERS = ("horovod", "ddp")  # benchmarks/peer_<name>.py
 # What a peer runs (benchmarks/peer_*.py): the demo's model and data, these partitions, and no
 # emulation (hethpc's own; a peer is slowed only by a testbed's quotas and links).
-PEER_RUNS = {"model": ("cnn1d_wide",), "data": ("mnist1d",), "partition": ("iid", "labels")}
+PEER_RUNS = {"model": ("cnn1d_wide",), "data": ("mnist1d",), "partition": ("iid", "labels"),
+             "lr_schedule": ("constant", "wsd")}  # fmt: skip
 EMULATION = ("slowdown", "link")
 PROTOCOL_KEYS = (
     "margin", "eval_every_samples", "tune_seed", "target_seeds", "seeds", "lr", "batch",

@@ -82,6 +82,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-fraction", type=float, default=0.0,
                    help="hold out this fraction of the training samples as hethpc does: the "
                    "evaluations score it, the test split is scored at the end (default 0: none)")
+    p.add_argument("--lr-schedule", choices=("constant", "wsd"), default="constant",
+                   help="constant, or wsd: constant, then down in a straight line to 0 over the "
+                   "last 20 %% of the steps, as hethpc's --lr-schedule wsd (default constant)")
     p.add_argument("--eval-every-steps", type=int, default=0, metavar="K",
                    help="evaluate every K steps and at the end (default 0: every epoch)")
     p.add_argument("--powersgd", type=int, default=0, metavar="RANK",
@@ -248,6 +251,11 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
                                        start_powerSGD_iter=powersgd_start)  # fmt: skip
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    total = args.epochs * len(train_loader)
+    decay_from = 0.8 * total  # wsd: the rate falls to 0 over the last 20 % of the steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (
+        1.0 if args.lr_schedule == "constant" or s <= decay_from
+        else max(0.0, (total - s) / (total - decay_from))))  # fmt: skip
     evals = Evaluations(model, every=args.eval_every_steps or len(train_loader), test=data.test,
                         val=data.val, rank=rank, size=size, metric_sum=metric_sum)  # fmt: skip
 
@@ -266,6 +274,7 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
             optimizer.step()
+            schedule.step()
             loss_sum += loss.item() * len(y)
             seen += len(y)
             step += 1

@@ -112,7 +112,7 @@ def test_a_peer_gets_the_runs_settings() -> None:
     args = peer_ddp.parse_args(_peer_runs.peer_argv(settings))
     want = {"lr": 0.2, "batch_size": 256, "seed": 3, "epochs": 6, "partition": "labels",
             "labels_per_rank": 6, "samples": 20000, "data_seed": 42, "val_fraction": 0.1,
-            "eval_every_steps": 12, "momentum": 0.9}  # fmt: skip
+            "eval_every_steps": 12, "momentum": 0.9, "lr_schedule": "wsd"}  # fmt: skip
     assert {k: getattr(args, k) for k in want} == want
 
 
