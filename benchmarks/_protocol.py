@@ -10,10 +10,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hethpc.testbed import SpecError, load_nodes
+from hethpc.testbed.spec import parse_flag
+
 Curve = Sequence[tuple[float, float]]  # (seconds without evaluations, metric), in order
 
-METHOD_KEYS = ("knob", "values")
-SCENARIO_KEYS = ("description", "ranks", "methods")
+METHOD_KEYS = ("knob", "values", "peer")
+SCENARIO_KEYS = ("description", "ranks", "methods")  # every scenario's
+NOT_SETTINGS = (*SCENARIO_KEYS, "testbed")  # a scenario's keys that are not TrainConfig's
+PEERS = ("horovod", "ddp")  # benchmarks/peer_<name>.py
+# What a peer runs (benchmarks/peer_*.py): the demo's model and data, these partitions, and no
+# emulation (hethpc's own; a peer is slowed only by a testbed's quotas and links).
+PEER_RUNS = {"model": ("cnn1d_wide",), "data": ("mnist1d",), "partition": ("iid", "labels"),
+             "lr_schedule": ("constant", "wsd")}  # fmt: skip
+EMULATION = ("slowdown", "link")
 PROTOCOL_KEYS = (
     "margin", "eval_every_samples", "tune_seed", "target_seeds", "seeds", "lr", "batch",
 )  # fmt: skip
@@ -60,8 +70,9 @@ def load_workload(path: Path) -> dict[str, Any]:
     """A workload file: ``[base]`` settings, ``[protocol]``, ``[methods.*]``, ``[scenarios.*]``.
 
     Raises:
-        SystemExit: a missing part or key, or a scenario naming an unknown method (one line
-            naming the file and the key).
+        SystemExit: a missing part or key, a scenario naming an unknown method, an unknown
+            peer, a peer in a scenario with emulation, or a bad testbed (one line naming the
+            file and the key).
     """
     try:
         data = tomllib.loads(path.read_text())
@@ -76,6 +87,12 @@ def load_workload(path: Path) -> dict[str, Any]:
     for name, m in data["methods"].items():
         if ("knob" in m) != ("values" in m) or ("values" in m and not m["values"]):
             raise SystemExit(f"{path}: [methods.{name}] needs knob and values together")
+        if "peer" in m and m["peer"] not in PEERS:
+            raise SystemExit(f"{path}: [methods.{name}] peer = {m['peer']!r} is not a peer; "
+                             f"the peers are {', '.join(map(repr, PEERS))}")  # fmt: skip
+        if "peer" in m and set(m) != {"peer"}:
+            raise SystemExit(f"{path}: [methods.{name}] is the peer {m['peer']!r}: it takes no "
+                             f"hethpc settings, got {sorted(set(m) - {'peer'})}")  # fmt: skip
     for name, s in data["scenarios"].items():
         for key in SCENARIO_KEYS:
             if key not in s:
@@ -88,7 +105,48 @@ def load_workload(path: Path) -> dict[str, Any]:
             )
         if "bsp" not in s["methods"]:
             raise SystemExit(f"{path}: [scenarios.{name}] needs the baseline method bsp")
+        _check_testbed(path, name, s)
+        peers = [m for m in s["methods"] if "peer" in data["methods"][m]]
+        if peers:
+            _check_peers(path, name, peers, {**data["base"], **scenario_settings(s)})
     return data
+
+
+def _check_testbed(path: Path, name: str, scenario: Mapping[str, Any]) -> None:
+    """A scenario's ``testbed``: node specs as ``jobs/testbed.py --node`` takes them, as many
+    ranks as the nodes have slots."""
+    if "testbed" not in scenario:
+        return
+    where = f"{path}: [scenarios.{name}] testbed"
+    specs = scenario["testbed"]
+    if not isinstance(specs, list) or not specs or not all(isinstance(n, str) for n in specs):
+        raise SystemExit(
+            f'{where} must be a list of node specs, e.g. ["cpu=1,link=200mbit", '
+            f'"cpu=0.5,link=200mbit"]; got {specs!r}'
+        )
+    try:
+        nodes = load_nodes([parse_flag(n, where=f"{where} {n!r}") for n in specs])
+    except SpecError as e:
+        raise SystemExit(f"{where}: {e}") from None
+    slots = sum(n.slots for n in nodes)
+    if scenario["ranks"] != slots:
+        raise SystemExit(f"{where} has {slots} slots for ranks = {scenario['ranks']}; make "
+                         "them equal (one rank per node unless a node says slots=N)")  # fmt: skip
+
+
+def _check_peers(path: Path, name: str, peers: list[str], settings: Mapping[str, Any]) -> None:
+    """A scenario that lists peers runs what they can run, without hethpc's emulation."""
+    emulated = {k: settings[k] for k in EMULATION if settings.get(k)}
+    if emulated:
+        raise SystemExit(
+            f"{path}: [scenarios.{name}] lists the peers {peers} but emulates {emulated}; a "
+            "peer cannot be slowed by hethpc's emulation: run peers in a testbed scenario "
+            '(testbed = [...]) or one without emulation (slowdown = "", link = "")'
+        )
+    for key, allowed in PEER_RUNS.items():
+        if key in settings and settings[key] not in allowed:
+            raise SystemExit(f"{path}: [scenarios.{name}] lists the peers {peers}, which run "
+                             f"{key} {' or '.join(allowed)}, not {settings[key]!r}")  # fmt: skip
 
 
 def method_settings(method: Mapping[str, Any], knob_value: Any = None) -> dict[str, Any]:
@@ -101,4 +159,4 @@ def method_settings(method: Mapping[str, Any], knob_value: Any = None) -> dict[s
 
 def scenario_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:
     """A scenario's TrainConfig settings."""
-    return {k: v for k, v in scenario.items() if k not in SCENARIO_KEYS}
+    return {k: v for k, v in scenario.items() if k not in NOT_SETTINGS}

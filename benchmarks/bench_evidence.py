@@ -4,10 +4,15 @@ then measured over seeds, interleaved, against BSP tuned the same way.
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_evidence.py
     .venv/bin/python benchmarks/bench_evidence.py --only demo --tables /tmp/evidence.md
     .venv/bin/python benchmarks/bench_evidence.py --quick        # minutes: the tests run it
+    .venv/bin/python benchmarks/bench_evidence.py --quick-peers  # the same with the peers
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_evidence.py \
+        --only testbed_iid_3x,testbed_demo                       # root: on the testbed
 
 A workload is a file of settings (``benchmarks/workloads/mnist1d.toml``): the settings of every
 run, the protocol's grid, seeds and margin, the methods with their own knob, the scenarios.
-Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
+Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks; a scenario with
+``testbed = [node, ...]`` is launched by ``jobs/testbed.py --name evidence run --node ...``, on
+a testbed brought up for it and taken down after it, and needs root on Linux):
 
 1. **Tuning** (seed ``tune_seed``): every method trains at every (learning rate, global batch)
    of the grid, its knob at its first value; then at its best pair, at its knob's other
@@ -25,6 +30,13 @@ Per scenario (one ``scripts/mpirun.sh`` launch with the scenario's ranks):
    validation (the first evaluation at or above it, clock stopped while evaluating), the final
    test and validation accuracies, syncs by cause, batch sizes.
 
+A method may be a peer (``peer = "horovod"`` or ``"ddp"``: ``benchmarks/peer_horovod.py``,
+``peer_ddp.py``, their own training loop unchanged): it runs in the scenario's MPI job like
+hethpc's methods (``benchmarks/_peer_runs.py``) with the same grid, epochs, seeds, partition,
+validation split and evaluations, and is scored the same way. hethpc's emulation cannot slow a
+peer, so a scenario that emulates (``slowdown``, ``link``) may not list one: peers run in
+testbed scenarios, where the kernel slows every method alike, or without emulation.
+
 The last line is one JSON object: per scenario the target, every tuning run, each method's
 choice, every measuring run, and the medians; ``goals`` has the ratios (a method's median time
 to the target over the tuned BSP's).
@@ -36,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,8 +58,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _peer_runs
 from _launch import ROOT, under_mpi
 from _protocol import (
+    PEERS,
     eval_every_steps,
     first_at_or_above,
     load_workload,
@@ -93,8 +108,30 @@ def quick(work: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_one(settings: dict[str, Any], new_dir: Callable[[str], str], tag: str) -> dict[str, Any]:
-    """Train once; the curves by seconds without evaluations, the finals, the syncs."""
+def quick_peers(work: dict[str, Any]) -> dict[str, Any]:
+    """The protocol in miniature with the peers, for the tests: BSP, Horovod and DDP on 2 ranks
+    on shared memory without emulation, the tiny runs of :func:`quick`, one measuring seed."""
+    small = quick(work)
+    scen = {"description": "2 ranks, shared memory, no emulation, IID", "ranks": 2,
+            "slowdown": "", "link": "", "partition": "iid", "methods": ["bsp", *PEERS]}  # fmt: skip
+    return {
+        **small,
+        "protocol": {**small["protocol"], "seeds": [0],
+                     "target_seeds": [work["protocol"]["tune_seed"]]},  # fmt: skip
+        "methods": {"bsp": dict(work["methods"]["bsp"]), **{p: {"peer": p} for p in PEERS}},
+        "scenarios": {"peers_shm": scen},
+    }
+
+
+def run_one(
+    settings: dict[str, Any], new_dir: Callable[[str], str], tag: str, *, peer: str | None = None
+) -> dict[str, Any]:
+    """Train once (hethpc, or ``peer`` with the same settings); the curves by seconds without
+    evaluations, the finals, the syncs."""
+    if peer is not None:
+        comm.barrier()
+        summary = _peer_runs.run_peer(peer, settings)
+        return {**_peer_runs.as_protocol_run(comm.broadcast_object(summary)), "peer": peer}
     run_dir = Path(new_dir(tag))
     cfg = TrainConfig(**settings, run_dir=str(run_dir), progress=False)
     comm.barrier()
@@ -141,12 +178,14 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
         return {**base, **method_settings(work["methods"][method], knob), "lr": lr,
                 "batch_size": batch, "seed": seed, "eval_every_steps": every}  # fmt: skip
 
+    peer = {m: work["methods"][m].get("peer") for m in methods}
     tuning: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     with scratch("hethpc-evidence-") as new_dir:
         for m in methods:  # 1. the grid, each method's knob at its first value
             for lr in proto["lr"]:
                 for batch in proto["batch"]:
-                    r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m)
+                    r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m,
+                                peer=peer[m])  # fmt: skip
                     knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
                     tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
                     say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: "
@@ -181,7 +220,7 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             best = pick(candidates(m))
             for value in work["methods"][m].get("values", [])[1:]:
                 r = run_one(settings(m, best["lr"], best["batch"], value, proto["tune_seed"]),
-                            new_dir, m)  # fmt: skip
+                            new_dir, m, peer=peer[m])  # fmt: skip
                 tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
                 say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
                     f"{value}: " + _said(r))
@@ -195,7 +234,8 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             random.Random(1000 + seed).shuffle(order)
             for m in order:
                 c = chosen[m]
-                r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m)
+                r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m,
+                            peer=peer[m])  # fmt: skip
                 r.update(seed=seed, order=order.index(m),
                          tta_val=first_at_or_above(r["val"], target))  # fmt: skip
                 runs[m].append(r)
@@ -261,12 +301,37 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TESTBED = "evidence"  # the testbed's name (jobs/testbed.py --name)
+
+
+def testbed_lacks(scenario: dict[str, Any]) -> str:
+    """What this host lacks to stand up the scenario's testbed (root, Linux, iproute2, cgroup
+    v1); empty: nothing, or not a testbed scenario."""
+    if "testbed" not in scenario:
+        return ""
+    from hethpc.testbed import missing
+
+    return "; ".join(["Linux"] if sys.platform != "linux" else missing())
+
+
+def on_testbed(scenario: dict[str, Any], cmd: list[str]) -> list[str]:
+    """``cmd`` run on the scenario's testbed, brought up for it and taken down after it (no
+    testbed: ``cmd``)."""
+    if "testbed" not in scenario:
+        return cmd
+    nodes = [a for node in scenario["testbed"] for a in ("--node", node)]
+    return [sys.executable, str(ROOT / "jobs" / "testbed.py"), "--name", TESTBED, "run", *nodes,
+            "--", *cmd]  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", type=Path, default=WORKLOAD, help="a workload file (TOML)")
     p.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
     p.add_argument("--quick", action="store_true",
                    help="the protocol in miniature: one scenario, two methods, tiny runs")
+    p.add_argument("--quick-peers", action="store_true",
+                   help="the same with BSP and the peers (Horovod, DDP) on shared memory")
     p.add_argument("--tables", default="", help="also write the markdown tables to this file")
     p.add_argument("--scenario", default="", help=argparse.SUPPRESS)  # a launched scenario
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
@@ -276,13 +341,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = load_workload(args.workload)
+    if args.quick and args.quick_peers:
+        raise SystemExit("bench_evidence: give --quick or --quick-peers, not both")
     if args.quick:
         work = quick(work)
+    if args.quick_peers:
+        work = quick_peers(work)
     if under_mpi():  # one scenario's protocol, launched by the plain process below
         comm.abort_on_exception()
         comm.init()
         rank0 = comm.rank() == 0
         res = scenario_protocol(work, args.scenario, lambda m: rank0 and print(m, flush=True))
+        _peer_runs.close()
+        res["hosts"] = comm.allgather_object(socket.gethostname())  # a testbed's: its nodes
+        res["testbed"] = os.environ.get("HETHPC_TESTBED")
         if comm.rank() == 0:
             Path(args.result).write_text(json.dumps(res))
         return 0
@@ -291,6 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--only: unknown scenario(s) {unknown}; the workload has "
                          f"{', '.join(work['scenarios'])}")  # fmt: skip
+    for name in list(names):
+        lack = testbed_lacks(work["scenarios"][name])
+        if lack and args.only:
+            raise SystemExit(f"bench_evidence: scenario {name} runs on a testbed "
+                             f"(docs/testbed.md) and this host lacks {lack}")  # fmt: skip
+        if lack:
+            print(f"{name}: left out, a testbed scenario (docs/testbed.md); this host lacks "
+                  f"{lack}", flush=True)  # fmt: skip
+            names.remove(name)
+    quick_flags = [f for f, on in (("--quick", args.quick), ("--quick-peers", args.quick_peers))
+                   if on]  # fmt: skip
     started, results = time.time(), {}
     commit = _commit()
     with tempfile.TemporaryDirectory(prefix="bench-evidence-") as d:
@@ -299,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             ranks = int(work["scenarios"][name]["ranks"])
             cmd = [str(ROOT / "scripts" / "mpirun.sh"), "-np", str(ranks), sys.executable,
                    str(Path(__file__).resolve()), "--workload", str(args.workload.resolve()),
-                   "--scenario", name, "--result", str(out), *(["--quick"] if args.quick else [])]
+                   "--scenario", name, "--result", str(out), *quick_flags]  # fmt: skip
+            cmd = on_testbed(work["scenarios"][name], cmd)
             print(f"{name}: {work['scenarios'][name]['description']}", flush=True)
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             env.setdefault("HETHPC_MPIRUN_TIMEOUT", "3600")
@@ -316,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}.\n\n{text}\n"
         )
     print(json.dumps({**goals(results), "commit": commit, "workload": args.workload.name,
-                      "quick": args.quick, "seconds": round(time.time() - started),
+                      "quick": args.quick or args.quick_peers,
+                      "seconds": round(time.time() - started),
                       "detail": results}))  # fmt: skip
     return 0
 

@@ -23,9 +23,12 @@ the nodes' ``eth0``. ``--powersgd RANK`` registers torch's ``powerSGD_hook`` wit
 approximation rank, plain allreduce for the first ``--powersgd-start`` steps (torch's advice: 10 %
 of the steps).
 
-``--batch-size`` is the global batch, ``--lr`` the rate for it, and ``--partition`` and the
-output as in ``benchmarks/peer_horovod.py``: rank 0 prints one line per epoch and the summary
-as one JSON object on the last line, also written to ``--out``.
+``--batch-size`` is the global batch, ``--lr`` the rate for it, and ``--partition``,
+``--val-fraction``, ``--eval-every-steps`` and the output as in ``benchmarks/peer_horovod.py``:
+rank 0 prints one line per epoch and the summary as one JSON object on the last line, also
+written to ``--out``. ``run(argv)`` trains once in a process that is already an MPI rank, for
+the evidence protocol's scenarios: the process group is created at its first call and kept for
+the next (``close()`` ends it).
 """
 
 from __future__ import annotations
@@ -38,16 +41,18 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _peer_data import load_data, train_sampler
+from _peer_data import load_data, train_split
+from _peer_eval import Evaluations
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from hethpc.models import build_model
 
@@ -55,7 +60,7 @@ PEER = "ddp"
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # Linux ioctls: an interface's IPv4 address, mask
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=6, help="epochs to train (default 6)")
     p.add_argument("--batch-size", type=int, default=128,
@@ -72,7 +77,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=20_000,
                    help="MNIST-1D samples to generate, 80 %% train, 20 %% test (default 20000)")
     p.add_argument("--data-seed", type=int, default=42,
-                   help="seed of the generated MNIST-1D data (default 42, as hethpc's)")
+                   help="seed of the generated MNIST-1D data and of --val-fraction's split "
+                   "(default 42, as hethpc's)")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="hold out this fraction of the training samples as hethpc does: the "
+                   "evaluations score it, the test split is scored at the end (default 0: none)")
+    p.add_argument("--lr-schedule", choices=("constant", "wsd"), default="constant",
+                   help="constant, or wsd: constant, then down in a straight line to 0 over the "
+                   "last 20 %% of the steps, as hethpc's --lr-schedule wsd (default constant)")
+    p.add_argument("--eval-every-steps", type=int, default=0, metavar="K",
+                   help="evaluate every K steps and at the end (default 0: every epoch)")
     p.add_argument("--powersgd", type=int, default=0, metavar="RANK",
                    help="compress gradients with torch's powerSGD_hook of this matrix "
                    "approximation rank (default 0: plain allreduce)")
@@ -87,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "samples", "labels_per_rank"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.val_fraction < 0.5:
+        p.error(f"--val-fraction must be in [0, 0.5), got {args.val_fraction}")
+    if args.eval_every_steps < 0:
+        p.error(f"--eval-every-steps must be 0 (every epoch) or more, got {args.eval_every_steps}")
     if args.powersgd < 0:
         p.error(f"--powersgd must be a rank >= 1 (0: off), got {args.powersgd}")
     if args.powersgd_start is not None and args.powersgd_start < 2:
@@ -155,20 +173,15 @@ def metric_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def test_accuracy(model: torch.nn.Module, loader: DataLoader) -> float:
-    model.eval()
-    correct = count = 0
-    with torch.no_grad():
-        for x, y in loader:
-            correct += int((model(x).argmax(1) == y).sum())
-            count += len(y)
-    model.train()
-    correct_all, count_all = metric_sum([correct, count])
-    return correct_all / count_all
+_master_addr = ""  # rank 0's address, once this process joined the process group
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def connect(args: argparse.Namespace) -> str:
+    """Join the gloo process group of the MPI job's ranks, unless this process has; rank 0's
+    address."""
+    global _master_addr
+    if dist.is_initialized():
+        return _master_addr
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
     if os.environ.get("HETHPC_TESTBED"):
@@ -176,41 +189,59 @@ def main(argv: list[str] | None = None) -> int:
     addr, port = rendezvous(args, rank)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=size)  # fmt: skip
-    summary = train(args, rank, size)
-    summary["master_addr"] = addr
-    if rank == 0:
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(summary, indent=1) + "\n")
-        print(json.dumps(summary), flush=True)
+    _master_addr = addr
+    return addr
+
+
+def close() -> None:
+    """End the process group, if there is one."""
+    if not dist.is_initialized():
+        return
     # Once DDP wrapped a model, the process group and gloo's worker threads live until the
     # process exits; a worker that drops the last reference to a Python tensor while the
     # interpreter shuts down aborts the rank (seen on the testbed). The barrier lets the
     # workers let go of the last collective's tensors first.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def run(argv: Sequence[str]) -> dict[str, Any]:
+    """One run with these command-line settings in a process that is already an MPI rank (a
+    collective); its summary. The process group is created at the first call and reused."""
+    args = parse_args(argv)
+    addr = connect(args)
+    return {**train(args, dist.get_rank(), dist.get_world_size()), "master_addr": addr}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    addr = connect(args)
+    summary = {**train(args, dist.get_rank(), dist.get_world_size()), "master_addr": addr}
+    if dist.get_rank() == 0:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(summary, indent=1) + "\n")
+        print(json.dumps(summary), flush=True)
+    close()
     return 0
 
 
 def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
-    """Train and evaluate; the summary (the same on every rank but for the times)."""
+    """Train and evaluate in the process group; the summary (the same on every rank but for
+    the times)."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     if args.batch_size % size:
         raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of the "
                          f"{size} ranks (every rank takes an equal batch)")  # fmt: skip
     per_rank = args.batch_size // size
-    train_set, test_set, labels = load_data(args, dist.get_rank(), dist.barrier)
-    sampler = train_sampler(args, train_set, labels, dist.get_rank(), dist.get_world_size())
+    data = load_data(args, rank, dist.barrier)
+    train_set, sampler = train_split(args, data, rank, size)
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
-    test_sampler: DistributedSampler[int] = DistributedSampler(
-        test_set, num_replicas=size, rank=rank, shuffle=False
-    )
-    test_loader = DataLoader(test_set, batch_size=1000, sampler=test_sampler)
 
-    model = build_model("cnn1d_wide", tuple(train_set.tensors[0].shape[1:]), 10)
+    model = build_model("cnn1d_wide", tuple(data.train.tensors[0].shape[1:]), 10)
     with torch.no_grad():
-        model(train_set.tensors[0][:2])  # materialise the lazy layer: DDP refuses it
+        model(data.train.tensors[0][:2])  # materialise the lazy layer: DDP refuses it
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
     powersgd_start = None
     if args.powersgd:
@@ -220,31 +251,49 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
                                        start_powerSGD_iter=powersgd_start)  # fmt: skip
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    total = args.epochs * len(train_loader)
+    decay_from = 0.8 * total  # wsd: the rate falls to 0 over the last 20 % of the steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (
+        1.0 if args.lr_schedule == "constant" or s <= decay_from
+        else max(0.0, (total - s) / (total - decay_from))))  # fmt: skip
+    evals = Evaluations(model, every=args.eval_every_steps or len(train_loader), test=data.test,
+                        val=data.val, rank=rank, size=size, metric_sum=metric_sum)  # fmt: skip
 
     epochs: list[dict[str, Any]] = []
     trained = 0.0  # samples over all ranks
+    step, stop = 0, False
     start = time.perf_counter()
+    evals.start()
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         ddp.train()
         loss_sum = seen = 0.0
-        t0 = time.perf_counter()
+        t0 = evals.train_time()
         for x, y in train_loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
             optimizer.step()
+            schedule.step()
             loss_sum += loss.item() * len(y)
             seen += len(y)
-        time_s = time.perf_counter() - t0
+            step += 1
+            stop = evals.after_step(step, loss.item())
+            if stop:
+                break
+        time_s = evals.train_time() - t0
         loss_all, seen_all = metric_sum([loss_sum, seen])
         trained += seen_all
-        row = {"epoch": epoch, "time_s": time_s, "test_acc": test_accuracy(model, test_loader),
-               "train_loss": loss_all / seen_all}  # fmt: skip
+        row = {"epoch": epoch, "time_s": time_s, "train_loss": loss_all / seen_all,
+               **evals.scores_at(step)}  # fmt: skip
         epochs.append(row)
         if rank == 0:
-            print(f"epoch {epoch}  time {time_s:.2f} s  train loss {row['train_loss']:.4f}  "
-                  f"test accuracy {row['test_acc']:.4f}", flush=True)  # fmt: skip
+            scored = "".join(f"  {k.replace('_acc', ' accuracy')} {v:.4f}"
+                             for k, v in evals.scores_at(step).items())  # fmt: skip
+            print(f"epoch {epoch}  time {time_s:.2f} s  train loss {row['train_loss']:.4f}"
+                  f"{scored}", flush=True)  # fmt: skip
+        if stop:
+            break
     train_s = sum(e["time_s"] for e in epochs)
     return {
         "peer": PEER,
@@ -256,8 +305,10 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
         "wall_s": time.perf_counter() - start,
         "samples_per_s": trained / train_s,
         "steps_per_epoch": len(train_loader),
+        "steps": step,
         "per_rank_batch": per_rank,
-        "final_test_acc": epochs[-1]["test_acc"],
+        "val_samples": 0 if data.val is None else len(data.val),
+        **evals.finish(step),
         "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                      "model": "cnn1d_wide", "powersgd_start": powersgd_start},  # fmt: skip
     }

@@ -20,9 +20,22 @@ shards the samples as ``torch.utils.data.DistributedSampler`` does; ``labels`` g
 rank's share shuffled every epoch and padded with its own samples to the largest share, so that
 every rank takes the same number of steps (Horovod's allreduce needs it).
 
-Rank 0 prints one line per epoch (its training time, evaluation excluded, mean training loss
-over all ranks, test accuracy) and the summary as one JSON object on the last line, also
-written to ``--out``.
+Made for the evidence protocol (``benchmarks/bench_evidence.py``, docs/evaluation.md), the
+run can be scored as hethpc's runs are (``benchmarks/_peer_eval.py``): ``--val-fraction``
+holds out the validation split hethpc holds out (the same samples for the same ``--samples``
+and ``--data-seed``; training uses the rest), ``--eval-every-steps`` evaluates every so many
+steps instead of every epoch, on the validation split when there is one, with the training
+clock stopped; the test split is then scored once, at the end. A non-finite training loss on
+any rank ends the run as diverged at the next evaluation. The training loop itself is
+Horovod's. ``run(argv)`` does the same in a process that is already an MPI rank (Horovod
+started for the run and shut down after it unless it was up already), for the protocol's
+scenarios, which run every method in one MPI job.
+
+Rank 0 prints one line per epoch (its training time, evaluations excluded, the mean training
+loss over all ranks, and the score of the evaluation at its end) and the summary as one JSON
+object on the last line, also written to ``--out``: the epochs, the evaluations (``curve``:
+step, training seconds without evaluations, score), the final test and validation accuracies,
+and ``diverged`` (None, or why the run stopped).
 """
 
 from __future__ import annotations
@@ -31,21 +44,23 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from _peer_data import load_data, train_sampler
-from torch.utils.data import DataLoader, DistributedSampler
+from _peer_data import load_data, train_split
+from _peer_eval import Evaluations
+from torch.utils.data import DataLoader
 
 from hethpc.models import build_model
 
 PEER = "horovod"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=6, help="epochs to train (default 6)")
     p.add_argument("--batch-size", type=int, default=128,
@@ -62,7 +77,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=20_000,
                    help="MNIST-1D samples to generate, 80 %% train, 20 %% test (default 20000)")
     p.add_argument("--data-seed", type=int, default=42,
-                   help="seed of the generated MNIST-1D data (default 42, as hethpc's)")
+                   help="seed of the generated MNIST-1D data and of --val-fraction's split "
+                   "(default 42, as hethpc's)")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="hold out this fraction of the training samples as hethpc does: the "
+                   "evaluations score it, the test split is scored at the end (default 0: none)")
+    p.add_argument("--lr-schedule", choices=("constant", "wsd"), default="constant",
+                   help="constant, or wsd: constant, then down in a straight line to 0 over the "
+                   "last 20 %% of the steps, as hethpc's --lr-schedule wsd (default constant)")
+    p.add_argument("--eval-every-steps", type=int, default=0, metavar="K",
+                   help="evaluate every K steps and at the end (default 0: every epoch)")
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to fp16 in the allreduce (Horovod's Compression.fp16)")
     p.add_argument("--out", type=Path, help="write the JSON summary here (rank 0)")
@@ -70,79 +94,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "samples", "labels_per_rank"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.val_fraction < 0.5:
+        p.error(f"--val-fraction must be in [0, 0.5), got {args.val_fraction}")
+    if args.eval_every_steps < 0:
+        p.error(f"--eval-every-steps must be 0 (every epoch) or more, got {args.eval_every_steps}")
     return args
 
 
-def metric_sum(values: list[float], name: str) -> list[float]:
+def metric_sum(values: list[float], name: str = "metric_sum") -> list[float]:
     """``values`` summed over the ranks."""
     return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name).tolist()
 
 
-def test_accuracy(model: torch.nn.Module, loader: DataLoader) -> float:
-    model.eval()
-    correct = count = 0
-    with torch.no_grad():
-        for x, y in loader:
-            correct += int((model(x).argmax(1) == y).sum())
-            count += len(y)
-    model.train()
-    correct_all, count_all = metric_sum([correct, count], "test_accuracy")
-    return correct_all / count_all
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    hvd.init()
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train and evaluate after ``hvd.init()``; the summary (the same on every rank but for
+    the times)."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # Horovod: limit the CPU threads used per worker
     if args.batch_size % hvd.size():
         raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of the "
                          f"{hvd.size()} ranks (every rank takes an equal batch)")  # fmt: skip
     per_rank = args.batch_size // hvd.size()
-    train_set, test_set, labels = load_data(args, hvd.rank(), hvd.barrier)
-    sampler = train_sampler(args, train_set, labels, hvd.rank(), hvd.size())
+    data = load_data(args, hvd.rank(), hvd.barrier)
+    train_set, sampler = train_split(args, data, hvd.rank(), hvd.size())
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
-    test_sampler: DistributedSampler[int] = DistributedSampler(
-        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False
-    )
-    test_loader = DataLoader(test_set, batch_size=1000, sampler=test_sampler)
 
-    model = build_model("cnn1d_wide", tuple(train_set.tensors[0].shape[1:]), 10)
+    model = build_model("cnn1d_wide", tuple(data.train.tensors[0].shape[1:]), 10)
     with torch.no_grad():
-        model(train_set.tensors[0][:2])  # materialise the lazy layer before the broadcast
+        model(data.train.tensors[0][:2])  # materialise the lazy layer before the broadcast
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, op=hvd.Average)  # fmt: skip
+    total = args.epochs * len(train_loader)
+    decay_from = 0.8 * total  # wsd: the rate falls to 0 over the last 20 % of the steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (
+        1.0 if args.lr_schedule == "constant" or s <= decay_from
+        else max(0.0, (total - s) / (total - decay_from))))  # fmt: skip
+    evals = Evaluations(model, every=args.eval_every_steps or len(train_loader), test=data.test,
+                        val=data.val, rank=hvd.rank(), size=hvd.size(),
+                        metric_sum=metric_sum)  # fmt: skip
 
     epochs: list[dict[str, Any]] = []
     trained = 0.0  # samples over all ranks
+    step, stop = 0, False
     start = time.perf_counter()
+    evals.start()
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
         model.train()
         loss_sum = seen = 0.0
-        t0 = time.perf_counter()
+        t0 = evals.train_time()
         for x, y in train_loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
+            schedule.step()
             loss_sum += loss.item() * len(y)
             seen += len(y)
-        time_s = time.perf_counter() - t0
+            step += 1
+            stop = evals.after_step(step, loss.item())
+            if stop:
+                break
+        time_s = evals.train_time() - t0
         loss_all, seen_all = metric_sum([loss_sum, seen], "train_loss")
         trained += seen_all
-        row = {"epoch": epoch, "time_s": time_s, "test_acc": test_accuracy(model, test_loader),
-               "train_loss": loss_all / seen_all}  # fmt: skip
+        row = {"epoch": epoch, "time_s": time_s, "train_loss": loss_all / seen_all,
+               **evals.scores_at(step)}  # fmt: skip
         epochs.append(row)
         if hvd.rank() == 0:
-            print(f"epoch {epoch}  time {time_s:.2f} s  train loss {row['train_loss']:.4f}  "
-                  f"test accuracy {row['test_acc']:.4f}", flush=True)  # fmt: skip
+            scored = "".join(f"  {k.replace('_acc', ' accuracy')} {v:.4f}"
+                             for k, v in evals.scores_at(step).items())  # fmt: skip
+            print(f"epoch {epoch}  time {time_s:.2f} s  train loss {row['train_loss']:.4f}"
+                  f"{scored}", flush=True)  # fmt: skip
+        if stop:
+            break
     train_s = sum(e["time_s"] for e in epochs)
-    summary = {
+    return {
         "peer": PEER,
         "world_size": hvd.size(),
         "testbed": os.environ.get("HETHPC_TESTBED"),
@@ -151,11 +182,33 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.perf_counter() - start,
         "samples_per_s": trained / train_s,
         "steps_per_epoch": len(train_loader),
+        "steps": step,
         "per_rank_batch": per_rank,
-        "final_test_acc": epochs[-1]["test_acc"],
+        "val_samples": 0 if data.val is None else len(data.val),
+        **evals.finish(step),
         "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                      "model": "cnn1d_wide"},  # fmt: skip
     }
+
+
+def run(argv: Sequence[str]) -> dict[str, Any]:
+    """One run with these command-line settings in a process that is already an MPI rank (a
+    collective); its summary. Horovod is started for it and shut down after it, unless it was
+    up already, so that it runs no background thread beside other work."""
+    args = parse_args(argv)
+    started = not hvd.is_initialized()
+    hvd.init()
+    try:
+        return train(args)
+    finally:
+        if started:
+            hvd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    summary = train(args)
     if hvd.rank() == 0:
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)

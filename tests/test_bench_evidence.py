@@ -1,5 +1,6 @@
 """bench_evidence, the evidence protocol: its arithmetic, its workload file, every scenario's
-settings valid, and a --quick run end to end (tuning, target, choice, seeds)."""
+settings valid, a peer's settings, the testbed's command, and --quick runs end to end (tuning,
+target, choice, seeds), one with the peers."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _peer_runs  # noqa: E402
 import _protocol  # noqa: E402
 import bench_evidence  # noqa: E402
+import peer_ddp  # noqa: E402
 
 from hethpc.train import TrainConfig  # noqa: E402
+
+WORKLOAD_TEXT = bench_evidence.WORKLOAD.read_text()
 
 
 @pytest.mark.parametrize(
@@ -76,8 +81,19 @@ def test_every_scenario_and_method_of_the_workload_is_a_valid_run() -> None:
         (bench_evidence.WORKLOAD.read_text().replace('"selsync_dynamic",', '"selsync_dynamc",'),
          r"unknown methods \['selsync_dynamc'\]"),
         ("[base", r"cannot read the workload"),
+        (WORKLOAD_TEXT.replace('"ssp"]', '"ssp", "horovod"]', 1),
+         r"\[scenarios.demo\] lists the peers \['horovod'\] but emulates"),
+        (WORKLOAD_TEXT.replace('peer = "ddp"', 'peer = "mpi"'),
+         r"\[methods.ddp\] peer = 'mpi' is not a peer"),
+        (WORKLOAD_TEXT.replace('peer = "ddp"', 'peer = "ddp"\nbatching = "dynamic"'),
+         r"\[methods.ddp\] is the peer 'ddp': it takes no hethpc settings"),
+        (WORKLOAD_TEXT.replace('"cpu=0.33,link=200mbit"]', '"cpu=0.33,link=200mbit", "cpu=1"]'),
+         r"\[scenarios.testbed_iid_3x\] testbed has 3 slots for ranks = 2"),
+        (WORKLOAD_TEXT.replace('"cpu=0.33,link=200mbit"]', '"cpu=0.33,link=200mbps"]'),
+         r"\[scenarios.testbed_iid_3x\] testbed"),
     ],
-    ids=["no-protocol", "missing-key", "typo-in-a-method", "not-toml"],
+    ids=["no-protocol", "missing-key", "typo-in-a-method", "not-toml", "peer-emulated",
+         "unknown-peer", "peer-with-settings", "testbed-ranks", "testbed-spec"],
 )
 def test_a_bad_workload_is_one_line_naming_the_file(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "w.toml"
@@ -85,6 +101,54 @@ def test_a_bad_workload_is_one_line_naming_the_file(tmp_path: Path, text: str, m
     with pytest.raises(SystemExit, match=match) as e:
         _protocol.load_workload(path)
     assert str(path) in str(e.value)
+
+
+def test_a_peer_gets_the_runs_settings() -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    scen = work["scenarios"]["testbed_demo"]
+    settings = {**work["base"], **_protocol.scenario_settings(scen),
+                **_protocol.method_settings(work["methods"]["ddp"]), "lr": 0.2,
+                "batch_size": 256, "seed": 3, "eval_every_steps": 12}  # fmt: skip
+    args = peer_ddp.parse_args(_peer_runs.peer_argv(settings))
+    want = {"lr": 0.2, "batch_size": 256, "seed": 3, "epochs": 6, "partition": "labels",
+            "labels_per_rank": 6, "samples": 20000, "data_seed": 42, "val_fraction": 0.1,
+            "eval_every_steps": 12, "momentum": 0.9, "lr_schedule": "wsd"}  # fmt: skip
+    assert {k: getattr(args, k) for k in want} == want
+
+
+def test_a_testbed_scenario_launches_through_the_testbed() -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    scen = work["scenarios"]["testbed_iid_3x"]
+    assert "testbed" not in _protocol.scenario_settings(scen)
+    cmd = bench_evidence.on_testbed(scen, ["scripts/mpirun.sh", "-np", "2"])
+    assert cmd[1:] == [str(ROOT / "jobs" / "testbed.py"), "--name", "evidence", "run",
+                       "--node", "cpu=1,link=200mbit", "--node", "cpu=0.33,link=200mbit", "--",
+                       "scripts/mpirun.sh", "-np", "2"]  # fmt: skip
+    assert bench_evidence.on_testbed(work["scenarios"]["demo"], ["x"]) == ["x"]
+
+
+def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hethpc.testbed
+
+    monkeypatch.setattr(hethpc.testbed, "missing", lambda: ["root"])
+    monkeypatch.setattr(bench_evidence, "under_mpi", lambda: False)
+    with pytest.raises(SystemExit, match=r"scenario testbed_demo runs on a testbed .* lacks root"):
+        bench_evidence.main(["--only", "testbed_demo"])
+    launched: list[list[str]] = []
+
+    def launch(cmd: list[str], **_kw: object) -> None:
+        launched.append(cmd)
+        raise KeyboardInterrupt  # stop at the first scenario's launch
+
+    monkeypatch.setattr(bench_evidence.subprocess, "run", launch)
+    monkeypatch.setattr(bench_evidence, "_commit", lambda: "unknown")
+    with pytest.raises(KeyboardInterrupt):  # all scenarios: the testbed's are left out
+        bench_evidence.main([])
+    out = capsys.readouterr().out
+    assert "testbed_iid_3x: left out" in out and "testbed_demo: left out" in out
+    assert launched[0][0].endswith("mpirun.sh") and "demo" in launched[0]
 
 
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
@@ -115,3 +179,26 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
             assert r["val"] and r["tta_val"] in (None, *(t for t, _ in r["val"]))
     assert f"### {name}" in (tmp_path / "t.md").read_text()
     assert result["commit"]
+
+
+@pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
+@pytest.mark.timeout(300)
+def test_quick_protocol_runs_the_peers_as_methods(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick-peers"],
+        capture_output=True, text=True, timeout=280, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "270"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])["detail"]["peers_shm"]
+    assert set(res["medians"]) == {"bsp", "horovod", "ddp"}
+    for peer in ("horovod", "ddp"):
+        tuned = {t["lr"]: t for t in res["tuning"][peer]}
+        assert tuned[50.0]["diverged"].startswith("non-finite training loss"), tuned[50.0]
+        assert tuned[0.1]["val"] and 0.1 < tuned[0.1]["final_val"] <= 1.0
+        assert res["chosen"][peer]["lr"] == 0.1
+        (run,) = res["runs"][peer]
+        # every 5 steps (320 samples at batch 64) of 20, the clock stopped while scoring
+        assert len(run["val"]) == 4 and run["val"] == sorted(run["val"])
+        assert run["val"][-1][0] <= run["train_time_s"] < run["time_s"]
+        assert run["final_val"] == run["val"][-1][1] and run["peer"] == peer
