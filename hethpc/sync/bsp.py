@@ -33,7 +33,13 @@ class BSP(SyncPolicy):
     """
 
     name = "bsp"
-    averages_models = False
+    settings = ("overlap",)
+    averages_parameters = False
+    averages_while_training = False
+    averages_gradients = True
+    keeps_replicas_equal = True
+    separate_weight_check = True
+    exchange = "averages gradients"
 
     def __init__(
         self,

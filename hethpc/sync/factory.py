@@ -11,17 +11,30 @@ from hethpc.sync.policy import SyncPolicy
 from hethpc.sync.selsync import SelSync
 from hethpc.sync.ssp import SSP
 
+# The registry of policies by name: the choices of the ``sync`` setting, in this order.
 POLICIES: dict[str, type[SyncPolicy]] = {
-    "bsp": BSP,
-    "selsync": SelSync,
-    "fedavg": FedAvg,
-    "local": LocalOnly,
-    "ssp": SSP,
+    policy.name: policy for policy in (BSP, SelSync, FedAvg, LocalOnly, SSP)
 }
 
 
+def policy_class(name: str) -> type[SyncPolicy]:
+    """The policy class of a name: ``"bsp"``, ``"selsync"``, ``"fedavg"``, ``"local"`` or ``"ssp"``.
+
+    Args:
+        name: the policy (case-insensitive; ``"local_only"`` is accepted for ``"local"``).
+
+    Raises:
+        ValueError: the name is unknown.
+    """
+    key = name.lower().replace("-", "_")
+    key = "local" if key == "local_only" else key
+    if key not in POLICIES:
+        raise ValueError(f"unknown sync policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[key]
+
+
 def make_policy(name: str, **kwargs: Any) -> SyncPolicy:
-    """A policy by name: ``"bsp"``, ``"selsync"``, ``"fedavg"``, ``"local"`` or ``"ssp"``.
+    """A policy by name (see :func:`policy_class`).
 
     Args:
         name: the policy (case-insensitive; ``"local_only"`` is accepted for ``"local"``).
@@ -31,8 +44,4 @@ def make_policy(name: str, **kwargs: Any) -> SyncPolicy:
         ValueError: the name is unknown.
         TypeError: a setting does not belong to that policy.
     """
-    key = name.lower().replace("-", "_")
-    key = "local" if key == "local_only" else key
-    if key not in POLICIES:
-        raise ValueError(f"unknown sync policy {name!r}; choose one of {sorted(POLICIES)}")
-    return POLICIES[key](**kwargs)
+    return policy_class(name)(**kwargs)

@@ -21,6 +21,9 @@ class FedAvg(SyncPolicy):
     """
 
     name = "fedavg"
+    settings = ("period",)
+    accepts_inner_steps = True
+    separate_weight_check = True
 
     def __init__(self, *, period: int = 10, **kwargs: object) -> None:
         if isinstance(period, bool) or int(period) != period or period < 1:

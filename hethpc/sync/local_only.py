@@ -17,6 +17,7 @@ class LocalOnly(SyncPolicy):
 
     name = "local"
     averages_while_training = False  # its one average is at finish(): no optimizer state
+    accepts_inner_steps = True
 
     def _step(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -24,6 +24,7 @@ from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.records import SyncRecord, SyncSummary
 from hethpc.sync.significance import NormKind, gradient_norm
 from hethpc.sync.state_average import StateAverage
+from hethpc.sync.traits import Traits
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,20 @@ class SyncPolicy(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    averages_models: ClassVar[bool] = True  # whether its synchronisations average parameters
-    averages_while_training: ClassVar[bool] = True  # whether it averages parameters between
-    # steps (not only at finish()), where the optimizer's state can be averaged with them
-    # Ranks step at their own pace: no collective between steps (the caller must not add one).
+    # The keywords of its own that a caller fills from a run's configuration, and those of
+    # them that change its traits (see :meth:`traits`).
+    settings: ClassVar[tuple[str, ...]] = ()
+    trait_settings: ClassVar[tuple[str, ...]] = ()
+    # Its traits, each documented in :class:`~hethpc.sync.traits.Traits`.
+    averages_parameters: ClassVar[bool] = True
+    averages_while_training: ClassVar[bool] = True
+    averages_gradients: ClassVar[bool] = False
+    keeps_replicas_equal: ClassVar[bool] = False
     asynchronous: ClassVar[bool] = False
-    decides_by_norm: ClassVar[bool] = False  # whether _step reads the gradient norm
+    decides_by_norm: ClassVar[bool] = False
+    accepts_inner_steps: ClassVar[bool] = False
+    separate_weight_check: ClassVar[bool] = False
+    exchange: ClassVar[str] = "averages parameters"
 
     def __init__(
         self,
@@ -96,7 +105,7 @@ class SyncPolicy(abc.ABC):
             ("averaging the optimizer state", optimizer_state or None),
         )
         for what, given in optional:
-            if given is not None and not self.averages_models:
+            if given is not None and not self.averages_parameters:
                 raise ValueError(
                     f"{what} needs a policy that averages parameters (fedavg, local, "
                     f"selsync with aggregation 'params'), not {self.name!r}"
@@ -126,6 +135,13 @@ class SyncPolicy(abc.ABC):
         # weights each rank by the samples it processed in that round.
         self._round_sum = 0.0
         self._round_n = 0
+
+    @classmethod
+    def traits(cls, **settings: Any) -> Traits:
+        """Its traits with the given :attr:`trait_settings` (keywords as the constructor
+        takes them; those left out take the constructor's default): the class attributes,
+        unless a policy changes some of them with a setting (SelSync's ``aggregation``)."""
+        return Traits(**{f.name: getattr(cls, f.name) for f in fields(Traits)})
 
     @property
     def steps(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -21,6 +22,7 @@ from hethpc.sync.significance import (
     Significance,
     SignificanceTracker,
 )
+from hethpc.sync.traits import Traits
 
 Aggregation = Literal["params", "grads"]
 AGGREGATIONS: tuple[str, ...] = ("params", "grads")
@@ -66,7 +68,28 @@ class SelSync(SyncPolicy):
     """
 
     name = "selsync"
-    decides_by_norm = True
+    settings = ("threshold", "window", "aggregation", "max_local_steps")
+    trait_settings = ("aggregation",)
+    decides_by_norm = True  # the class's other traits are those of aggregation "params"
+
+    @classmethod
+    def traits(cls, *, aggregation: str = "params", **settings: Any) -> Traits:
+        """With ``aggregation="grads"`` it averages gradients, and never parameters.
+
+        Raises:
+            ValueError: ``aggregation`` is unknown.
+        """
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}"
+            )
+        declared = super().traits(**settings)
+        if aggregation == "params":
+            return declared
+        return replace(
+            declared, averages_parameters=False, averages_while_training=False,
+            averages_gradients=True, exchange="averages gradients",
+        )  # fmt: skip
 
     def __init__(
         self,

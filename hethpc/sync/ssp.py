@@ -66,8 +66,11 @@ class SSP(SyncPolicy):
     """
 
     name = "ssp"
-    averages_models = False
+    settings = ("staleness",)
+    averages_parameters = False
+    averages_while_training = False
     asynchronous = True
+    exchange = "adds updates"
 
     def __init__(self, *, staleness: int = 2, **kwargs: Any) -> None:
         if isinstance(staleness, bool) or int(staleness) != staleness or staleness < 0:

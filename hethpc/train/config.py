@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hethpc.comm.runtime import TRANSPORTS
+from hethpc.sync import POLICIES
 from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
 
@@ -113,9 +114,7 @@ class TrainConfig:
     )
     seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
     # Synchronisation
-    sync: str = _f(
-        "bsp", "synchronisation policy", choices=("bsp", "selsync", "fedavg", "local", "ssp")
-    )
+    sync: str = _f("bsp", "synchronisation policy", choices=tuple(POLICIES))
     threshold: float = _f(0.3, "SelSync: relative gradient-norm change that triggers a sync")
     sync_window: int = _f(25, "SelSync: EWMA window of the gradient norm")
     max_local_steps: int = _f(

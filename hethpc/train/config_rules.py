@@ -10,6 +10,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
+from hethpc.sync import policy_class
+from hethpc.train.config_policy import policy_named, policy_traits
 from hethpc.train.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,22 +23,6 @@ _EXPECTED = {
     "float": "a finite number",
     "str": "a string",
 }
-
-
-def _sync_named(cfg: TrainConfig) -> str:
-    """The sync setting as an error message names it (with SelSync's aggregation)."""
-    return f"sync {cfg.sync}" + (" with aggregation grads" if cfg.sync == "selsync" else "")
-
-
-def averages_while_training(cfg: TrainConfig) -> bool:
-    """Whether ``cfg``'s policy averages parameters between steps (selsync with aggregation
-    params, fedavg), where the optimizer's state can be averaged with them."""
-    return cfg.sync == "fedavg" or (cfg.sync == "selsync" and cfg.aggregation == "params")
-
-def label_skewed(cfg: TrainConfig) -> bool:
-    """Whether ``cfg``'s partition gives ranks different labels (``labels``, ``dirichlet``),
-    where the auto settings guard each rank's labels."""
-    return cfg.partition in ("labels", "dirichlet")
 
 
 def check_type(name: str, value: Any, kind: str) -> Any:
@@ -133,16 +119,13 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"{name} must be in [0, 1), got {getattr(cfg, name)}", key=name
             )
-    if cfg.outer_optimizer != "none" and (
-        cfg.sync in ("bsp", "ssp") or (cfg.sync == "selsync" and cfg.aggregation == "grads")
-    ):
-        what = {"bsp": "bsp averages gradients", "ssp": "ssp adds updates"}.get(
-            cfg.sync, "selsync with aggregation grads averages gradients"
-        )
+    # What the policy is (its traits), for the settings that need a policy of some kind.
+    policy, traits, named = policy_class(cfg.sync), policy_traits(cfg), policy_named(cfg)
+    if cfg.outer_optimizer != "none" and not traits.averages_parameters:
         raise ConfigError(
             f"outer_optimizer = {cfg.outer_optimizer!r} steps on averaged parameters, but "
-            f"sync {what}; use sync fedavg (DiLoCo), selsync with aggregation params, or "
-            "local",
+            f"{named} {traits.exchange}; use sync fedavg (DiLoCo), selsync with aggregation "
+            "params, or local",
             key="outer_optimizer",
         )
     if not 0.0 < cfg.drift_smoothing <= 1.0:
@@ -150,20 +133,18 @@ def validate(cfg: TrainConfig) -> None:
             f"drift_smoothing must be in (0, 1], got {cfg.drift_smoothing}",
             key="drift_smoothing",
         )
-    if cfg.drift_correction == "on" and (
-        cfg.sync in ("bsp", "ssp") or (cfg.sync == "selsync" and cfg.aggregation == "grads")
-    ):
+    if cfg.drift_correction == "on" and not traits.averages_parameters:
         raise ConfigError(
             "drift_correction = 'on' corrects local steps between parameter averages, but "
-            f"{_sync_named(cfg)} has none; use sync selsync (aggregation params), fedavg or "
-            "local, or drift_correction auto",
+            f"{named} has none; use sync selsync (aggregation params), fedavg or local, or "
+            "drift_correction auto",
             key="drift_correction",
         )
-    if cfg.average_optimizer_state == "on" and not averages_while_training(cfg):
+    if cfg.average_optimizer_state == "on" and not traits.averages_while_training:
         raise ConfigError(
             "average_optimizer_state = 'on' averages the optimizer's state with the "
-            f"parameters, but {_sync_named(cfg)} averages no parameters during training; use "
-            "sync selsync (aggregation params) or fedavg, or average_optimizer_state auto",
+            f"parameters, but {named} averages no parameters during training; use sync "
+            "selsync (aggregation params) or fedavg, or average_optimizer_state auto",
             key="average_optimizer_state",
         )
     if cfg.rebalance == "on" and cfg.pipeline_stages > 1:
@@ -172,20 +153,20 @@ def validate(cfg: TrainConfig) -> None:
             "for pipeline runs; use rebalance auto or off with pipeline_stages > 1",
             key="rebalance",
         )
-    if cfg.rebalance == "on" and cfg.sync == "ssp":
+    if cfg.rebalance == "on" and traits.asynchronous:
         raise ConfigError(
-            "sync ssp lets ranks step at their own pace, but rebalancing exchanges samples "
-            "between ranks every step; use rebalance auto or off with ssp",
+            f"sync {cfg.sync} lets ranks step at their own pace, but rebalancing exchanges "
+            f"samples between ranks every step; use rebalance auto or off with {cfg.sync}",
             key="rebalance",
         )
-    if cfg.overlap and (cfg.sync != "bsp" or cfg.pipeline_stages > 1):
+    if cfg.overlap and ("overlap" not in policy.settings or cfg.pipeline_stages > 1):
         raise ConfigError(
             f"overlap sends BSP's gradients during the backward pass, but this run uses sync "
             f"{cfg.sync} with {cfg.pipeline_stages} pipeline stage(s); use it with sync "
             "bsp and pipeline_stages 1, or turn it off",
             key="overlap",
         )
-    if cfg.inner_steps == "speed" and cfg.sync not in ("fedavg", "local"):
+    if cfg.inner_steps == "speed" and not traits.accepts_inner_steps:
         raise ConfigError(
             f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
             f"{cfg.sync} has none to size; use sync fedavg (with outer_optimizer nesterov: "
@@ -198,17 +179,17 @@ def validate(cfg: TrainConfig) -> None:
             "size, but batching uniform gives every rank the same; use batching dynamic",
             key="inner_steps",
         )
-    if cfg.sync == "ssp" and cfg.batching == "dynamic":
+    if traits.asynchronous and cfg.batching == "dynamic":
         raise ConfigError(
-            "sync ssp lets ranks step at their own pace, but batching dynamic re-splits the "
-            "batch in a collective every batch_interval steps, which would hold them "
-            "together; use batching uniform or static with ssp",
+            f"sync {cfg.sync} lets ranks step at their own pace, but batching dynamic "
+            "re-splits the batch in a collective every batch_interval steps, which would hold "
+            f"them together; use batching uniform or static with {cfg.sync}",
             key="batching",
         )
-    if cfg.sync == "ssp" and cfg.inject_alpha > 0:
+    if traits.asynchronous and cfg.inject_alpha > 0:
         raise ConfigError(
-            "sync ssp lets ranks step at their own pace, but data injection exchanges "
-            "samples between ranks every step; use inject_alpha 0 with ssp",
+            f"sync {cfg.sync} lets ranks step at their own pace, but data injection exchanges "
+            f"samples between ranks every step; use inject_alpha 0 with {cfg.sync}",
             key="inject_alpha",
         )
     if cfg.weights:

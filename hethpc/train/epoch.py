@@ -70,7 +70,11 @@ class EpochEnd:
         self.rank = comm.rank()
         # Replicas that step locally are scored as their average (what the run would end
         # with), taken on every rank (a collective) into a copy.
-        self.average = cfg.sync != "bsp" and not run.engine.saves_own_state and comm.size() > 1
+        self.average = (
+            not run.policy.keeps_replicas_equal
+            and not run.engine.saves_own_state
+            and comm.size() > 1
+        )
 
     def __call__(self, step: int, *, weight: float, now: float) -> None:
         """After step ``step`` (run seconds ``now``): flush at an epoch's end, evaluate and log

@@ -15,7 +15,7 @@ from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError
 from hethpc.train.build import check_outputs, sample_shape
 from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.config_rules import label_skewed
+from hethpc.train.config_policy import label_skewed
 from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
 from hethpc.train.loop import RunResult, run_training

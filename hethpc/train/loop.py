@@ -174,7 +174,7 @@ def run_training(
     comm.set_link(comm.parse_link(cfg.link))  # emulation: every transfer as slow as the link
     # Data-parallel BSP applies the same averaged gradient on every rank: non-finite steps are
     # caught there, without a per-step vote. Other policies, and pipelines, vote.
-    bsp_guard = cfg.sync == "bsp" and not engine.saves_own_state
+    bsp_guard = policy.keeps_replicas_equal and not engine.saves_own_state
     guard = AveragedGradientGuard(run.optimizer) if bsp_guard else None
     if bsp_guard and cfg.inner_steps != "speed":
         engine.zero_in_place = True  # type: ignore[union-attr]

@@ -28,10 +28,15 @@ from hethpc.data import (
     ShardedDataset,
     make_partitioner,
 )
-from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy
-from hethpc.sync import make_policy as _make_sync_policy
+from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy, policy_class
 from hethpc.train.config import TrainConfig
-from hethpc.train.config_rules import averages_while_training, label_skewed
+from hethpc.train.config_policy import (
+    averages_optimizer_state,
+    corrects_drift,
+    label_skewed,
+    policy_settings,
+    rebalances,
+)
 from hethpc.train.errors import ConfigError
 
 
@@ -122,20 +127,10 @@ def gradient_weight(
 def make_rebalancer(
     cfg: TrainConfig, partition_lengths: np.ndarray | None, *, group: Group | None = None
 ) -> Rebalancer | None:
-    """The batch rebalancer, ``rebalance`` with auto resolved (on for unequal batches over a
-    label-skewed partition when gradients are averaged every step: bsp, or selsync with
-    aggregation grads); None when off or on IID data."""
-    skewed = label_skewed(cfg) and partition_lengths is not None
-    unequal = cfg.batching in ("dynamic", "static")
-    auto = cfg.rebalance == "auto" and skewed and unequal and cfg.pipeline_stages == 1
-    # Only where gradients are averaged every step: with local steps between parameter
-    # averages the slow rank's small batch of its own labels then weighs b_k / B, and its drift
-    # correction grows unstable (bench_tta demo: SelSync 90.6 % with both, 94.1 % rebalanced
-    # without drift correction, 94.7-95.3 % with drift correction alone).
-    auto = auto and (cfg.sync == "bsp" or (cfg.sync == "selsync" and cfg.aggregation == "grads"))
-    if not (auto or (cfg.rebalance == "on" and skewed)):
+    """The batch rebalancer, ``rebalance`` with auto resolved
+    (:func:`~hethpc.train.config_policy.rebalances`); None when off or on IID data."""
+    if partition_lengths is None or not rebalances(cfg):
         return None
-    assert partition_lengths is not None
     return Rebalancer(partition_lengths, group=group)
 
 
@@ -183,78 +178,33 @@ def make_controller(
     )
 
 
-# SelSync on label-skewed partitions: at most this many local steps between syncs (auto).
-# Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each), BSP 95.33 %:
-# without drift correction no bound 84.2 % (9 % of steps synchronised), 4 steps 91.3 % (23 %),
-# 2 steps 93.2 % (36 %); with it (the default there) 4 steps 95.48 % (23 %), 3 steps 95.63 %
-# (27 %), and SelSync with dynamic batching 94.10 % and 96.08 % at 4 and 3 steps.
-NON_IID_MAX_LOCAL_STEPS = 3
-
-
-def staleness_bound(cfg: TrainConfig) -> int | None:
-    """SelSync's bound on local steps in a row: ``max_local_steps`` with -1 resolved."""
-    if cfg.max_local_steps == -1:
-        return NON_IID_MAX_LOCAL_STEPS if label_skewed(cfg) else None
-    return cfg.max_local_steps or None
-
-
 def drift_correction(cfg: TrainConfig) -> DriftCorrection | None:
     """The drift correction of a policy that averages parameters, ``drift_correction`` with
-    auto resolved (on for label-skewed partitions); None when off or when the policy averages
-    gradients (bsp, ssp, selsync with aggregation grads)."""
-    averages = cfg.sync in ("fedavg", "local") or (
-        cfg.sync == "selsync" and cfg.aggregation == "params"
-    )
-    skewed = label_skewed(cfg)
-    on = cfg.drift_correction == "on" or (cfg.drift_correction == "auto" and skewed)
-    return DriftCorrection(cfg.drift_smoothing) if on and averages else None
-
-
-def averages_optimizer_state(cfg: TrainConfig) -> bool:
-    """Whether parameter averages take the optimizer's state along: ``average_optimizer_state``
-    with auto resolved, for policies that average parameters during training (selsync with
-    aggregation params, fedavg). Auto is on for label-skewed partitions, unless the ranks take
-    different numbers of local steps between averages (``inner_steps`` speed): averaging
-    momenta built over unequal rounds measured worse (``docs/sync.md``)."""
-    skewed = label_skewed(cfg)
-    mode = cfg.average_optimizer_state
-    auto = skewed and cfg.inner_steps == "fixed"
-    return averages_while_training(cfg) and (mode == "on" or (mode == "auto" and auto))
+    auto resolved (:func:`~hethpc.train.config_policy.corrects_drift`); None when off or when
+    the policy averages no parameters."""
+    return DriftCorrection(cfg.drift_smoothing) if corrects_drift(cfg) else None
 
 
 def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
-    """The synchronisation policy among ``group``'s replicas (default: the world).
+    """The synchronisation policy among ``group``'s replicas (default: the world), built with
+    the settings its class reads from ``cfg``.
 
     The loop's weights ``b_k / B`` come from the batch controller's size vector, which every
-    rank holds identically, so BSP and FedAvg skip their per-step weight check (BSP then
-    issues no control collective at all, only its gradient allreduce). The loop writes its own
-    step records, so the policy keeps none.
+    rank holds identically, so the policies that check them in a collective of their own
+    (BSP, FedAvg) skip it (BSP then issues no control collective at all, only its gradient
+    allreduce). The loop writes its own step records, so the policy keeps none. The outer
+    optimizer, drift correction and optimizer-state averaging are off (``none``, None, False)
+    unless the configuration's rules allow them for this policy.
     """
+    policy = policy_class(cfg.sync)
     outer = None
     if cfg.outer_optimizer != "none":
         outer = OuterOptimizer(cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-    if cfg.sync == "selsync":
-        return _make_sync_policy(
-            "selsync", threshold=cfg.threshold, window=cfg.sync_window,
-            aggregation=cfg.aggregation, group=group, keep_records=False,
-            max_local_steps=staleness_bound(cfg), outer=outer, drift=drift_correction(cfg),
-            optimizer_state=averages_optimizer_state(cfg),
-        )  # fmt: skip
-    if cfg.sync == "fedavg":
-        return _make_sync_policy(
-            "fedavg", period=cfg.fedavg_period, check_weights=False, group=group, outer=outer,
-            drift=drift_correction(cfg), keep_records=False,
-            optimizer_state=averages_optimizer_state(cfg),
-        )  # fmt: skip
-    if cfg.sync == "bsp":
-        return _make_sync_policy(
-            "bsp", check_weights=False, group=group, keep_records=False, overlap=cfg.overlap
-        )
-    if cfg.sync == "ssp":
-        return _make_sync_policy("ssp", staleness=cfg.staleness, group=group, keep_records=False)
-    return _make_sync_policy(
-        cfg.sync, group=group, outer=outer, drift=drift_correction(cfg), keep_records=False
-    )
+    checks: dict[str, Any] = {"check_weights": False} if policy.separate_weight_check else {}
+    return policy(
+        **policy_settings(cfg), **checks, group=group, keep_records=False, outer=outer,
+        drift=drift_correction(cfg), optimizer_state=averages_optimizer_state(cfg),
+    )  # fmt: skip
 
 
 def inner_step_sizes(sizes: np.ndarray, replica: int, *, rows: int | None = None) -> list[int]:

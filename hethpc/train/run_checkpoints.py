@@ -67,7 +67,7 @@ class RunCheckpoints:
         self.saves_own_state = engine.saves_own_state
         # Each rank saves its own model and optimizer state when replicas may differ, or when
         # each rank holds a different pipeline stage.
-        self.own_state = cfg.sync != "bsp" or engine.saves_own_state
+        self.own_state = not components.policy.keeps_replicas_equal or engine.saves_own_state
 
     def resume(self, say: Callable[[str], None]) -> None:
         """Restore the latest checkpoint into the components and the tally (a collective).
