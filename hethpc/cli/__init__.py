@@ -4,8 +4,8 @@
 ``hethpc-convert`` (:mod:`~hethpc.cli.convert`), ``hethpc-inspect``
 (:mod:`~hethpc.cli.inspect_dataset`) and ``hethpc-testbed`` (:mod:`~hethpc.cli.testbed`); the
 scripts of ``jobs/`` and ``data_tools/`` run the same ``main``. This is the one part of hethpc
-that reads ``sys.argv`` and the environment; the library below it takes its settings as
-arguments. Importing this package loads none of the programs.
+that reads ``sys.argv`` or takes settings from the environment; the library below it takes
+them as arguments. Importing this package loads none of the programs.
 """
 
 from __future__ import annotations
