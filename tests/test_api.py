@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +11,11 @@ import torch
 from torch import nn
 
 import hethpc
+from hethpc.cli import train as train_job
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
 from hethpc.train import TrainConfig, evaluate, make_loss
 from hethpc.train.build import build
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-import train as train_job  # noqa: E402
 
 
 def _blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The console scripts run the programs of jobs/ and data_tools/ (installed by the setup)."""
+"""The console scripts (installed by the setup) and jobs/, data_tools/ run hethpc.cli's programs."""
 
 from __future__ import annotations
 

@@ -12,12 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hethpc.cli import convert, inspect_dataset
 from hethpc.data import DatasetError, open_dataset, sources
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "data_tools"))
-import convert  # noqa: E402
-import inspect_dataset  # noqa: E402
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (37, 5, 4), dtype=np.uint8)

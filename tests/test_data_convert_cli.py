@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hethpc.cli import convert
 from hethpc.data import sources
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "data_tools"))
-import convert  # noqa: E402
 
 RNG = np.random.default_rng(2)
 
@@ -214,7 +213,7 @@ def test_a_stray_label_is_named_with_every_label_count(
 def test_through_hethpc_convert_errors_name_the_command_and_its_flags(tmp_path: Path) -> None:
     args = ["synthetic", "--samples", "20", "--out", str(tmp_path / "s")]
     run = [sys.executable, "-c", "import sys; sys.argv[0] = 'hethpc-convert'; "
-           "from hethpc._cli import convert; convert()"]  # fmt: skip
+           "from hethpc.cli.convert import main; sys.exit(main())"]  # fmt: skip
     assert subprocess.run([*run, *args], capture_output=True).returncode == 0
     again = subprocess.run([*run, *args], capture_output=True, text=True)
     assert (again.returncode, again.stderr) == (

@@ -6,18 +6,14 @@ import gzip
 import math
 import pickle
 import struct
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hethpc.cli import convert
 from hethpc.data import open_dataset, sources
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "data_tools"))
-import convert  # noqa: E402
 
 RNG = np.random.default_rng(3)
 N = 41

@@ -10,12 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hethpc.cli import convert, inspect_dataset
 from hethpc.data import open_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "data_tools"))
-import convert  # noqa: E402
-import inspect_dataset  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

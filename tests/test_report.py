@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,7 @@ import pytest
 from torch import nn
 
 import hethpc
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
-import report  # noqa: E402
+from hethpc.cli import report
 
 
 def _steps(n: int, *, batch: int = 16, compute_s: float = 0.01, **extra: Any) -> list[dict]:

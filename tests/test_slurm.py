@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from hethpc.cli import train as train_job
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "slurm").glob("*.sbatch"))
 
-sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train as train_job  # noqa: E402
 from slurm_cluster import SlurmCluster, Unavailable  # noqa: E402
 
 

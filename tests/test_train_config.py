@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from hethpc._cli import flag_hint
+from hethpc.cli import flag_hint
+from hethpc.cli import train as train_job
 from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml, resume_differences
 from hethpc.train.parts import make_controller
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "jobs"))
-import train as train_job  # noqa: E402
 
 
 def test_toml_sections_and_dashes_are_read(tmp_path: Path) -> None:

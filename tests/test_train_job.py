@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hethpc.cli.train import resume_command
 from hethpc.train import CheckpointManager, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = ROOT / "scripts" / "mpirun.sh"
 JOB = ROOT / "jobs" / "train.py"
-sys.path.insert(0, str(JOB.parent))
-from train import resume_command  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     "OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself; run it outside mpirun"

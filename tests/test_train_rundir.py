@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from hethpc.cli import train as train_job
 from hethpc.train import RunDirError, is_run_dir, next_run_dir
 from hethpc.train.rundir import MARKER, claim
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-import train as train_job  # noqa: E402
 
 USER_FILES = {
     "config.json": b'{"mine": true}\n',

@@ -1,0 +1,66 @@
+"""The parsers of hethpc's commands: no abbreviated flags, a suggestion for an unknown one."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser without abbreviations, suggesting the flag meant for an unknown one.
+
+    ``--epoch 2`` is refused as unknown (``did you mean --epochs?``) instead of read as
+    ``--epochs 2``: a typo is named, and a flag added later cannot change what a shortened one
+    meant. Sub-command parsers are of the same class.
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(allow_abbrev=False, **kw)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + flag_hint(self, message))
+
+
+def flag_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """``"; did you mean --epochs?"`` for the unknown flags of an argparse message, or ``""``.
+
+    The candidates are the flags of ``parser`` and of its sub-commands. An unknown flag that
+    begins a few (a shortened one, ``--sync-w``) is offered them, another the closest spelling.
+    """
+    if "unrecognized arguments" not in message:
+        return ""
+    flags = sorted(set(_flags(parser)))
+    words = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
+    close: list[str] = []
+    for w in words:
+        longer = [f for f in flags if f.startswith(w) and len(w) > 2]
+        if 0 < len(longer) <= 3:
+            close.append(" or ".join(longer))
+        else:
+            close += difflib.get_close_matches(w, flags, n=1)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    out = []
+    for action in parser._actions:
+        out += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _flags(sub)
+    return out
+
+
+def command_name(argv: list[str] | None, default: str) -> str:
+    """The name the user ran the program by, for its messages (``hethpc-convert: error: ...``).
+
+    ``sys.argv[0]``'s file name when the program reads its command line from ``sys.argv``
+    (``argv`` is None): ``hethpc-convert`` for the console script, ``convert.py`` for
+    ``python data_tools/convert.py``; ``default`` when it is called with an ``argv``.
+    """
+    if argv is None and sys.argv and sys.argv[0] not in ("", "-c"):
+        return Path(sys.argv[0]).name
+    return default
