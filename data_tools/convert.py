@@ -7,6 +7,7 @@
     python data_tools/convert.py idx train-images.gz train-labels.gz --out data/mnist
     python data_tools/convert.py cifar cifar-10/data_batch_* --test cifar-10/test_batch --out c10
     python data_tools/convert.py synthetic --out /tmp/synth --samples 100000 --shape 1024
+    python data_tools/convert.py text --out data/stdlib
 
 The program is :mod:`hethpc.cli.convert`, installed as ``hethpc-convert``.
 """

@@ -71,7 +71,8 @@ def test_defaults_match_train_py() -> None:
     got = (args.partition, args.labels_per_rank, args.dirichlet_alpha, args.allow_uncovered)
     assert got == (None, 2, 0.5, False)
     assert inspect_dataset.PARTITIONS == {
-        "iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet"
+        "iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet",
+        "site": "site",
     }
 
 

@@ -7,6 +7,7 @@
     python data_tools/convert.py idx train-images.gz train-labels.gz --out data/mnist
     python data_tools/convert.py cifar cifar-10/data_batch_* --test cifar-10/test_batch --out c10
     python data_tools/convert.py synthetic --out /tmp/synth --samples 100000 --shape 1024
+    python data_tools/convert.py text --out data/stdlib
 
 Each split is written to ``OUT/<split>/`` (``manifest.json`` + ``shard-*.h5``), so that
 ``jobs/train.py --data OUT`` finds both ``OUT/train`` and ``OUT/test``. mnist1d has its own
@@ -15,7 +16,8 @@ cifar without ``--test``) holds out ``--test-fraction`` of its samples (default 
 ``test``, chosen by a ``--seed``-ed permutation (default 0: the same files give the same
 split); each split keeps the source's order. ``--test-fraction 0`` writes everything to
 ``OUT/train``, and ``--split NAME`` (npz, npy, idx, synthetic) writes everything to
-``OUT/NAME`` only, without a test split.
+``OUT/NAME`` only, without a test split. ``text`` reads text files as byte windows and holds
+out whole files as ``OUT/val`` and ``OUT/test`` (``convert.py text --help``).
 
 Source files are only read, and they are not trusted: CIFAR pickles may name only the numpy
 globals a real batch needs, ``.npy``/``.npz`` arrays are read without pickle, and IDX headers
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
+from hethpc.cli import convert_text
 from hethpc.cli.parser import ArgumentParser, command_name, flag_hint
 
 if TYPE_CHECKING:
@@ -61,7 +64,7 @@ class _Parser(ArgumentParser):
         self.exit(2, f"{PROG}: error: {message}{hint}; see {self.prog} --help\n")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, classes: bool = True) -> None:
     p.add_argument("--out", required=True, help="output directory; splits go in OUT/<split>/")
     p.add_argument("--name", default=None, help="dataset name in the manifest (default: source)")
     p.add_argument("--shard-samples", type=int, default=65_536, help="samples per shard file")
@@ -69,8 +72,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="samples per HDF5 chunk (default: about 1 MiB)")
     p.add_argument("--compression", choices=["none", "gzip", "lzf"], default="none",
                    help="HDF5 compression filter")
-    p.add_argument("--num-classes", type=int, default=None,
-                   help="number of classes (default: from the source or max label + 1)")
+    if classes:
+        p.add_argument("--num-classes", type=int, default=None,
+                       help="number of classes (default: from the source or max label + 1)")
     p.add_argument("--force", action="store_true", help="replace an existing dataset at OUT")
 
 
@@ -125,6 +129,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="generator and train/test split seed")
     _holdout(p, seed=False)
     _common(p)
+    convert_text.add_parser(sub, _common)
     return ap.parse_args(argv)
 
 
@@ -140,7 +145,10 @@ def check_options(args: argparse.Namespace) -> None:
 
     positive("--shard-samples", args.shard_samples, "samples per shard file")
     positive("--chunk-samples", args.chunk_samples, "samples per HDF5 chunk")
-    positive("--num-classes", args.num_classes, "classes")
+    positive("--num-classes", getattr(args, "num_classes", None), "classes")
+    if args.source == "text":
+        convert_text.check_options(args)
+        return
     if args.source == "mnist1d" and args.samples < 10:
         raise UsageError(f"--samples {args.samples}: must be >= 10; pass train + test samples")
     if args.source == "synthetic":
@@ -371,18 +379,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         check_options(args)
-    except UsageError as e:
+    except (UsageError, convert_text.TextUsageError) as e:
         return _fail(str(e))
     # Imported after parsing, so that --help answers without loading torch.
     from hethpc.data import DatasetError
 
     try:
+        if args.source == "text":
+            return convert_text.run(args)
         # Every source is read before anything is written, so a bad test file leaves no train.
         for split, pieces, classes in source_splits(args):
             m = write_split(args, split, pieces, classes)
             print(f"{args.out}/{split}: {m.num_samples} samples of shape {m.sample_shape} "
                   f"({m.dtype}), {m.num_classes} classes, {len(m.shards)} shard(s)")
-    except (DatasetError, UsageError) as e:
+    except (DatasetError, UsageError, convert_text.TextUsageError) as e:
         return _fail(str(e))
     except OSError as e:
         what = f"{e.filename}: {e.strerror}" if e.filename is not None and e.strerror else str(e)

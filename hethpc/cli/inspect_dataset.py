@@ -6,11 +6,16 @@
         --dirichlet-alpha 0.3 --world-size 4 --plot ranks.png
     python data_tools/inspect_dataset.py data/mnist1d/train --partition labels \\
         --labels-per-rank 5 --world-size 2
+    python data_tools/inspect_dataset.py data/stdlib/train --partition site --world-size 4
 
 ``--partition``, ``--labels-per-rank`` and ``--dirichlet-alpha`` mean what they mean to
 ``jobs/train.py``, with the same defaults, so a partition can be looked at before training on
 it. ``--partition labels`` refuses a split that leaves classes on no rank (it names them and
 the ``--labels-per-rank`` that covers them all) unless ``--allow-uncovered`` is given.
+
+A dataset with sites (``convert.py text``) is shown by site instead of by label: samples per
+shard, and per site (with a column per rank under ``--partition``); ``--partition site`` gives
+each rank whole sites and lists them, and ``--plot`` stacks the bars by site.
 
 A dataset, partition or option at fault ends the run with one line,
 ``inspect_dataset.py: error: <what is wrong>; <the fix>``, and exit code 2.
@@ -33,12 +38,13 @@ from hethpc.cli.parser import ArgumentParser, command_name, flag_hint
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from hethpc.data import Manifest
+    from hethpc.data import Manifest, ShardedDataset
 
 # The name the user ran the program by (hethpc-inspect or inspect_dataset.py), set by main().
 PROG = "inspect_dataset.py"
 #: ``--partition`` choices (jobs/train.py's names) -> hethpc partitioner names.
-PARTITIONS = {"iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet"}
+PARTITIONS = {"iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet",
+              "site": "site"}
 #: Flags of earlier versions, and what replaced them.
 RENAMED = {"--partitioner": "--partition", "--alpha": "--dirichlet-alpha"}
 
@@ -65,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="check every shard's sha256, size, shapes and labels against the manifest")
     ap.add_argument("--partition", default=None, choices=list(PARTITIONS),
                     help="also show the label histogram per rank of this partition "
-                         "(as jobs/train.py --partition)")
+                         "(as jobs/train.py --partition; site: whole sites per rank, for data "
+                         "with sites)")
     ap.add_argument("--world-size", type=int, default=2, help="ranks of the partition (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="partition seed (default 0)")
     ap.add_argument("--labels-per-rank", type=int, default=2,
@@ -130,26 +137,34 @@ def _row(name: str, counts: np.ndarray) -> str:
     return f"{name:>18} {int(counts.sum()):>9}  " + " ".join(f"{int(c):>6}" for c in counts)
 
 
-def _partition(args: argparse.Namespace, labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
+def _partition(args: argparse.Namespace, ds: ShardedDataset) -> list[np.ndarray]:
     from hethpc.data import make_partitioner
 
+    m = ds.manifest
     kw: dict[str, Any] = {}
     if args.partition == "labels":
-        kw = {"labels_per_rank": args.labels_per_rank, "num_classes": num_classes,
+        kw = {"labels_per_rank": args.labels_per_rank, "num_classes": m.num_classes,
               "allow_uncovered": args.allow_uncovered}
     elif args.partition == "dirichlet":
         kw = {"alpha": args.dirichlet_alpha, "min_size": args.min_size}
+    elif args.partition == "site":
+        kw = {"sites": None if m.sites is None else ds.sites, "names": m.sites}
     part = make_partitioner(PARTITIONS[args.partition], **kw)
-    return part.all_indices(labels, args.world_size, args.seed)
+    return part.all_indices(ds.labels, args.world_size, args.seed)
 
 
-def figure(m: Manifest, per_rank: np.ndarray | None, title: str) -> Figure:
-    """Stacked label histograms per shard (and per rank), one panel each, legend outside.
+def figure(
+    m: Manifest, per_rank: np.ndarray | None, title: str, *, unit: str = "label"
+) -> Figure:
+    """Stacked label (or site) histograms per shard (and per rank), one panel each, legend
+    outside.
 
     Args:
-        m: the dataset's manifest (shard histograms, classes).
-        per_rank: label counts per rank, shape ``[world_size, num_classes]``, or None.
+        m: the dataset's manifest (shard histograms, classes, sites).
+        per_rank: label counts per rank, shape ``[world_size, num_classes]``, or None; with
+            ``unit="site"``, site counts, shape ``[world_size, len(m.sites)]``.
         title: the figure's title.
+        unit: ``label``, or ``site`` to stack by the manifest's sites.
     """
     import matplotlib
     from matplotlib.cm import ScalarMappable
@@ -157,24 +172,27 @@ def figure(m: Manifest, per_rank: np.ndarray | None, title: str) -> Figure:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    c = m.num_classes
+    by_site = unit == "site" and m.sites is not None
+    c = len(m.sites) if by_site and m.sites is not None else m.num_classes
+    names = m.sites if by_site and m.sites is not None else [str(v) for v in range(c)]
     cmap = matplotlib.colormaps["tab10" if c <= 10 else "tab20" if c <= 20 else "viridis"]
     colors = [cmap(i if c <= 20 else i / max(c - 1, 1)) for i in range(c)]
-    panels = [("shard", np.array([s.label_counts for s in m.shards]).reshape(-1, c))]
+    shards = [s.site_counts or [] if by_site else s.label_counts for s in m.shards]
+    panels = [("shard", np.array(shards).reshape(-1, c))]
     if per_rank is not None:
         panels.append(("rank", per_rank))
     fig = Figure(figsize=(5.5 * len(panels) + 1.5, 4.5), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (unit, counts) in zip(axes, panels, strict=True):
+    for ax, (where, counts) in zip(axes, panels, strict=True):
         bottom = np.zeros(len(counts))
         for label in range(c):
             ax.bar(range(len(counts)), counts[:, label], bottom=bottom, color=colors[label],
-                   label=str(label))
+                   label=names[label])
             bottom += counts[:, label]
         # Zero-height bars on top of a stack would pin the axis to the tallest bar's top.
         ax.set_ylim(0, 1.05 * max(float(bottom.max(initial=0)), 1.0))
-        ax.set_title(f"Label histogram per {unit}")
-        ax.set_xlabel(unit)
+        ax.set_title(f"{unit.capitalize()} histogram per {where}")
+        ax.set_xlabel(where)
         ax.set_ylabel("samples")
         if len(counts) <= 16:
             ax.set_xticks(range(len(counts)))
@@ -182,23 +200,25 @@ def figure(m: Manifest, per_rank: np.ndarray | None, title: str) -> Figure:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if c <= 20:
-        handles, names = axes[0].get_legend_handles_labels()
-        fig.legend(handles, names, title="label", loc="outside right upper", fontsize="small",
+        handles, shown = axes[0].get_legend_handles_labels()
+        fig.legend(handles, shown, title=unit, loc="outside right upper", fontsize="small",
                    ncol=1 if c <= 10 else 2)
     else:  # a legend of that many labels would not fit
-        fig.colorbar(ScalarMappable(Normalize(0, c - 1), cmap), ax=list(axes), label="label")
+        fig.colorbar(ScalarMappable(Normalize(0, c - 1), cmap), ax=list(axes), label=unit)
     fig.suptitle(title)
     return fig
 
 
-def plot(path: str, m: Manifest, per_rank: np.ndarray | None, title: str) -> None:
+def plot(
+    path: str, m: Manifest, per_rank: np.ndarray | None, title: str, *, unit: str = "label"
+) -> None:
     """:func:`figure`, written to ``path`` (its suffix picks the format).
 
     Raises:
         UsageError: matplotlib cannot write that format.
     """
     try:
-        figure(m, per_rank, title).savefig(path, dpi=100)
+        figure(m, per_rank, title, unit=unit).savefig(path, dpi=100)
     except ValueError as e:  # an image format matplotlib does not write
         raise UsageError(f"--plot {path}: {e}") from e
 
@@ -221,12 +241,14 @@ def run(args: argparse.Namespace) -> int:
 
     ds = open_dataset(args.path, verify=args.verify, locking=False if args.no_locking else None)
     m = ds.manifest
-    parts = _partition(args, ds.labels, m.num_classes) if args.partition else None
+    parts = _partition(args, ds) if args.partition else None
     print(f"{ds.root}: {m.name} ({m.split}), {len(ds)} samples of shape {m.sample_shape} "
           f"{m.dtype}, {m.num_classes} classes, {_n(len(m.shards), 'shard')}, chunk "
           f"{m.chunk_samples} samples, compression {m.compression}")
     if args.verify:
         print("verify: OK (sha256, sizes, shapes, dtypes and label histograms match)")
+    if m.sites is not None:
+        return _run_sites(args, ds, parts)
     header = f"{'':>18} {'samples':>9}  " + " ".join(f"{c:>6}" for c in range(m.num_classes))
     print("\nlabel histogram per shard\n" + header)
     for s in m.shards:
@@ -252,6 +274,44 @@ def run(args: argparse.Namespace) -> int:
         # matplotlib writes a name without a suffix as PNG, adding ".png".
         path = args.plot if os.path.splitext(args.plot)[1] else args.plot + ".png"
         plot(path, m, per_rank, title)
+        print(f"wrote {path}")
+    return 0
+
+
+def _run_sites(args: argparse.Namespace, ds: ShardedDataset, parts: list[np.ndarray] | None) -> int:
+    """:func:`run`'s report of a dataset with sites: samples per shard, per site (and rank)."""
+    m = ds.manifest
+    names = m.sites or []
+    total = np.bincount(ds.sites, minlength=len(names))
+    held = np.flatnonzero(total)
+    print(f"{len(held)} of the {_n(len(names), 'site')} hold samples of this split "
+          f"(the manifest's sites name those of every split)")
+    print(f"\nsamples per shard\n{'':>18} {'samples':>9}")
+    for sh in m.shards:
+        print(f"{sh.file:>18} {sh.num_samples:>9}")
+    title = f"{m.name} ({m.split}): {len(ds)} samples, {_n(len(held), 'site')}"
+    per_rank = None
+    ranks = ""
+    if parts is not None:
+        per_rank = np.array([np.bincount(ds.sites[p], minlength=len(names)) for p in parts])
+        ranks = " ".join(f"{f'rank {r}':>8}" for r in range(len(parts)))
+        title += f"\npartition {describe_partition(args)}"
+    width = max(18, *(len(names[i]) for i in held))
+    print(f"\nsamples per site{f' and rank ({describe_partition(args)})' if ranks else ''}\n"
+          f"{'':>{width}} {'samples':>9}  {ranks}")
+    for i in held[np.argsort(-total[held], kind="stable")]:
+        cols = "" if per_rank is None else " ".join(f"{int(c):>8}" for c in per_rank[:, i])
+        print(f"{names[i]:>{width}} {int(total[i]):>9}  {cols}".rstrip())
+    if per_rank is not None and parts is not None:
+        print()
+        for r, counts in enumerate(per_rank):
+            mine = np.flatnonzero(counts)
+            listed = ", ".join(names[i] for i in mine[:8]) + (", ..." if len(mine) > 8 else "")
+            print(f"rank {r}: {int(counts.sum())} samples ({100 * counts.sum() / len(ds):.1f} %) "
+                  f"of {_n(len(mine), 'site')}: {listed}")
+    if args.plot:
+        path = args.plot if os.path.splitext(args.plot)[1] else args.plot + ".png"
+        plot(path, m, per_rank, title, unit="site")
         print(f"wrote {path}")
     return 0
 

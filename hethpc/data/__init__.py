@@ -19,6 +19,7 @@ from hethpc.data.partition import (
     LabelSkewPartitioner,
     Partitioner,
     SelDPPartitioner,
+    SitePartitioner,
     make_partitioner,
 )
 from hethpc.data.sharded import ShardedDataset, open_dataset
@@ -47,6 +48,7 @@ __all__ = [
     "ShardError",
     "ShardInfo",
     "ShardedDataset",
+    "SitePartitioner",
     "SourceError",
     "as_dataset",
     "block_shuffle",

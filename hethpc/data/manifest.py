@@ -27,6 +27,8 @@ class ShardInfo:
         label_counts: histogram of ``y``, one count per class.
         sha256: hex digest of the whole file.
         num_bytes: file size in bytes (a truncated file is caught without hashing).
+        site_counts: histogram of the ``site`` column, one count per name of
+            :attr:`Manifest.sites`; None in a dataset without sites.
     """
 
     file: str
@@ -34,6 +36,7 @@ class ShardInfo:
     label_counts: list[int]
     sha256: str
     num_bytes: int
+    site_counts: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Manifest:
         format: always ``"hethpc-shards"``.
         version: format version (1).
         meta: free-form provenance (source, converter arguments).
+        sites: names of the sites (where each sample comes from: a text window's package or
+            module) that the shards' ``site`` column indexes; None: the shards have no
+            ``site`` column. Left out of the JSON when None, as in manifests before it.
     """
 
     name: str
@@ -67,6 +73,7 @@ class Manifest:
     format: str = FORMAT
     version: int = FORMAT_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
+    sites: list[str] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -77,6 +84,10 @@ class Manifest:
         """The manifest as indented JSON text."""
         d = asdict(self)
         d["sample_shape"] = list(self.sample_shape)
+        if self.sites is None:
+            del d["sites"]
+            for s in d["shards"]:
+                s.pop("site_counts", None)
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -99,6 +110,9 @@ class Manifest:
             )
         try:
             shards = [ShardInfo(**s) for s in d["shards"]]
+            sites = d.get("sites")
+            if sites is not None and not isinstance(sites, list):
+                raise TypeError(f"sites is a {type(sites).__name__}, not a list of names")
             m = cls(
                 name=str(d["name"]),
                 split=str(d["split"]),
@@ -110,6 +124,7 @@ class Manifest:
                 compression=d["compression"],
                 shards=shards,
                 meta=dict(d.get("meta", {})),
+                sites=sites,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(
@@ -128,7 +143,33 @@ class Manifest:
                     f"{s.num_samples} samples and {m.num_classes} classes; restore the manifest "
                     "or convert the dataset again"
                 )
+        _check_sites(m, where)
         return m
+
+
+def _check_sites(m: Manifest, where: str) -> None:
+    """Refuse site names and per-shard site histograms that do not fit together."""
+    if m.sites is None:
+        return
+    names = m.sites
+    if not all(isinstance(v, str) and v for v in names) or len(set(names)) != len(names):
+        raise DatasetError(
+            f"{where}: sites = {names!r}: expected distinct non-empty names; restore the "
+            "manifest or convert the dataset again"
+        )
+    for s in m.shards:
+        counts = s.site_counts
+        if (
+            not isinstance(counts, list)
+            or len(counts) != len(names)
+            or not all(isinstance(c, int) and c >= 0 for c in counts)
+            or sum(counts) != s.num_samples
+        ):
+            raise DatasetError(
+                f"{where}: shard {s.file} has site_counts {counts!r}, which do not match its "
+                f"{s.num_samples} samples and {len(names)} sites; restore the manifest or "
+                "convert the dataset again"
+            )
 
 
 def _check_fields(m: Manifest, where: str) -> None:

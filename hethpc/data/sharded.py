@@ -1,6 +1,6 @@
 """Reader of HDF5-sharded datasets: checks on open, lazy per-process file handles, three read paths.
 
-About 370 lines, one class: the mapped, cached and by-window reads share its per-process state
+About 400 lines, one class: the mapped, cached and by-window reads share its per-process state
 (handles, cache, mapping, lock); their mechanics live in ``mapped``, ``chunk_cache`` and
 ``shard_files``, the checks in ``verify``.
 """
@@ -18,13 +18,14 @@ import numpy as np
 from h5py import h5z
 
 from hethpc.data.chunk_cache import ChunkCache
-from hethpc.data.errors import DatasetError
+from hethpc.data.errors import DatasetError, ShardError
 from hethpc.data.manifest import MANIFEST_NAME, Manifest, shard_path
 from hethpc.data.mapped import MappedShards
 from hethpc.data.shard_files import ShardFiles
 from hethpc.data.verify import (  # noqa: F401 (re-exported: their home before verify.py)
     SHARD_SUFFIXES,
     check_dataset,
+    check_sites,
     hash_problems,
     sha256_file,
 )
@@ -72,6 +73,7 @@ class ShardedDataset:
         self.labels = labels
         self.locking = locking
         self.cache_bytes = int(cache_bytes)
+        self._sites: np.ndarray | None = None
         self._paths = [shard_path(root, s.file) for s in manifest.shards]
         counts = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
@@ -106,6 +108,33 @@ class ShardedDataset:
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._reset()
+
+    @property
+    def sites(self) -> np.ndarray:
+        """Every sample's site index into ``manifest.sites``, shape ``[len(self)]``, int64;
+        read from the shards' ``site`` column on first use.
+
+        Raises:
+            DatasetError: the dataset has no site column (its manifest names no sites).
+            ShardError: a shard's column disagrees with the manifest.
+        """
+        names = self.manifest.sites
+        if names is None:
+            raise DatasetError(
+                f"{self.root} has no site column (its manifest names no sites); a dataset "
+                "written by 'hethpc-convert text' has one"
+            )
+        if self._sites is None:
+            kw: dict[str, Any] = {} if self.locking is None else {"locking": self.locking}
+            parts = []
+            for p, s in zip(self._paths, self.manifest.shards, strict=True):
+                try:
+                    with h5py.File(p, "r", **kw) as f:
+                        parts.append(check_sites(p, f, s, len(names)))
+                except OSError as e:
+                    raise ShardError(f"shard {p} is not a readable HDF5 file ({e})") from e
+            self._sites = np.concatenate(parts)
+        return self._sites
 
     def __len__(self) -> int:
         return int(self._starts[-1])

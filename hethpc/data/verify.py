@@ -110,6 +110,8 @@ def check_shard(p: Path, s: ShardInfo, m: Manifest, locking: bool | None) -> np.
                     f"{m.dtype}, {m.label_dtype}; convert the dataset again"
                 )
             labels = y[:].astype(np.int64)
+            if m.sites is not None:
+                check_sites(p, f, s, len(m.sites))
     except OSError as e:
         raise ShardError(f"shard {p} is not a readable HDF5 file ({e}); restore it") from e
     if len(labels) and (labels.min() < 0 or labels.max() >= m.num_classes):
@@ -118,6 +120,26 @@ def check_shard(p: Path, s: ShardInfo, m: Manifest, locking: bool | None) -> np.
     if hist != list(s.label_counts):
         raise ShardError(f"shard {p}: label histogram {hist} differs from the manifest's")
     return labels
+
+
+def check_sites(p: Path, f: h5py.File, s: ShardInfo, num_sites: int) -> np.ndarray:
+    """The ``site`` column of shard ``p`` (open as ``f``), after checking its shape, range and
+    histogram against the manifest's ``num_sites`` names and the shard's ``site_counts``.
+
+    Raises:
+        ShardError: the column is missing or disagrees with the manifest.
+    """
+    if "site" not in f or f["site"].shape != (s.num_samples,) or f["site"].dtype.kind not in "iu":
+        raise ShardError(
+            f"shard {p} lacks an integer 'site' column of {s.num_samples} rows, which its "
+            "manifest's sites promise; convert the data again"
+        )
+    sites = f["site"][:].astype(np.int64)
+    if len(sites) and (sites.min() < 0 or sites.max() >= num_sites):
+        raise ShardError(f"shard {p} has site indices outside 0..{num_sites - 1}")
+    if np.bincount(sites, minlength=num_sites).tolist() != list(s.site_counts or ()):
+        raise ShardError(f"shard {p}: site histogram differs from the manifest's site_counts")
+    return sites
 
 
 def check_dataset(

@@ -49,6 +49,9 @@ class DatasetWriter:
         compression: None, ``"gzip"`` or ``"lzf"``.
         force: replace an existing dataset at ``path``; without it an existing path is refused.
         meta: provenance stored in the manifest.
+        sites: names of the samples' sites (e.g. a text window's package); given, every
+            :meth:`write` takes each sample's site index into them, stored as the shards'
+            ``site`` column (int32) and counted per shard in the manifest.
 
     Raises:
         DatasetError: ``path`` exists and ``force`` is off, ``path`` exists but is not a dataset,
@@ -70,6 +73,7 @@ class DatasetWriter:
         compression: str | None = None,
         force: bool = False,
         meta: dict[str, Any] | None = None,
+        sites: list[str] | None = None,
     ) -> None:
         self.path = Path(path)
         if self.path.exists() or self.path.is_symlink():
@@ -103,6 +107,10 @@ class DatasetWriter:
         self.compression = compression
         self.force = force
         self.meta = dict(meta or {})
+        self.sites = None if sites is None else [str(v) for v in sites]
+        if self.sites is not None and (not self.sites or len(set(self.sites)) != len(self.sites)):
+            raise DatasetError(f"sites must be distinct names, at least one, got {sites!r}")
+        self._site_counts = np.zeros(len(self.sites or ()), dtype=np.int64)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
         self._shards: list[ShardInfo] = []
@@ -146,8 +154,14 @@ class DatasetWriter:
             "y", shape=(0,), maxshape=(None,), dtype=self.label_dtype,
             chunks=(self.chunk_samples,), **common,
         )
+        if self.sites is not None:
+            f.create_dataset(
+                "site", shape=(0,), maxshape=(None,), dtype="int32",
+                chunks=(self.chunk_samples,), **common,
+            )
         self._fill = 0
         self._counts[:] = 0
+        self._site_counts[:] = 0
         return f
 
     def _close_shard(self) -> None:
@@ -165,14 +179,17 @@ class DatasetWriter:
                 label_counts=[int(c) for c in self._counts],
                 sha256=sha256_file(p),
                 num_bytes=p.stat().st_size,
+                site_counts=None if self.sites is None else [int(c) for c in self._site_counts],
             )
         )
 
-    def write(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Append samples ``x`` (shape ``[n, *sample_shape]``) with labels ``y`` (shape ``[n]``).
+    def write(self, x: np.ndarray, y: np.ndarray, site: np.ndarray | None = None) -> None:
+        """Append samples ``x`` (shape ``[n, *sample_shape]``) with labels ``y`` (shape ``[n]``)
+        and, in a writer given ``sites``, their site indices ``site`` (shape ``[n]``).
 
         Raises:
-            DatasetError: shapes disagree with the writer's, or a label is out of range.
+            DatasetError: shapes disagree with the writer's, a label or site is out of range,
+                or ``site`` is given to a writer without sites or missing from one with them.
         """
         if self._closed:
             raise DatasetError("write() after close()")
@@ -194,6 +211,22 @@ class DatasetWriter:
                 f"labels must lie in 0..{self.num_classes - 1}, got labels up to {y.max()}; "
                 f"set num_classes to {int(y.max()) + 1} or more to cover every label"
             )
+        columns = {"x": x, "y": y}
+        if (site is None) != (self.sites is None):
+            raise DatasetError(
+                "write() got site indices for a writer without sites" if site is not None
+                else "write() needs each sample's site index: the writer was given sites"
+            )
+        if site is not None and self.sites is not None:
+            site = np.asarray(site).reshape(-1)
+            if len(site) != len(y):
+                raise DatasetError(f"write() got {len(site)} site indices for {len(y)} samples")
+            if len(site) and (site.min() < 0 or site.max() >= len(self.sites)):
+                raise DatasetError(
+                    f"site indices must lie in 0..{len(self.sites) - 1} (one per name of "
+                    f"sites), got {site.min()}..{site.max()}"
+                )
+            columns["site"] = site.astype(np.int32, copy=False)
         start = 0
         while start < len(y):
             if self._file is None:
@@ -202,11 +235,16 @@ class DatasetWriter:
             xs = x[start : start + take].astype(self.dtype, copy=False)
             ys = y[start : start + take].astype(self.label_dtype, copy=False)
             n0 = self._fill
-            for key, arr in (("x", xs), ("y", ys)):
+            for key, col in columns.items():
+                arr = {"x": xs, "y": ys}.get(key, col[start : start + take])
                 d = self._file[key]
                 d.resize(n0 + take, axis=0)
                 d[n0 : n0 + take] = arr
             self._counts += np.bincount(ys.astype(np.int64), minlength=self.num_classes)
+            if "site" in columns:
+                self._site_counts += np.bincount(
+                    columns["site"][start : start + take], minlength=len(self._site_counts)
+                )
             self._fill += take
             start += take
             if self._fill == self.shard_samples:
@@ -238,6 +276,7 @@ class DatasetWriter:
             compression=self.compression,
             shards=self._shards,
             meta=self.meta,
+            sites=self.sites,
         )
         tmp_manifest = self._tmp / (MANIFEST_NAME + ".tmp")
         tmp_manifest.write_text(manifest.to_json() + "\n")

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hethpc.models.errors import ModelError
@@ -145,12 +146,96 @@ def cnn1d_wide(input_shape: Sequence[int], num_classes: int) -> nn.Sequential:
     return cnn1d(input_shape, num_classes, channels=128)
 
 
+class TokenEmbedding(nn.Module):
+    """Token embeddings plus learned positions: int64 ``[n, T]`` -> ``[n, T, d_model]``.
+
+    Sequences up to ``max_len`` long; a shorter one takes the first ``T`` positions.
+    """
+
+    def __init__(self, vocab: int, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Parameter(torch.zeros(max_len, d_model))
+        nn.init.normal_(self.positions, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.is_floating_point() or x.dim() != 2 or x.shape[1] > len(self.positions):
+            raise ModelError(
+                f"a sequence model takes integer tokens [n, T] with T <= {len(self.positions)}, "
+                f"got {x.dtype} {list(x.shape)}; feed the bytes unscaled, as int64"
+            )
+        return self.tokens(x) + self.positions[: x.shape[1]]
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``, with causal
+    multi-head self-attention (position ``t`` sees positions ``<= t``). ``[n, T, d]`` in and out.
+    """
+
+    def __init__(self, d_model: int, heads: int, *, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} must be a multiple of heads {heads}")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        hidden = mlp_ratio * d_model
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(n, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def gpt_tiny(
+    input_shape: Sequence[int], num_classes: int, *, d_model: int = 128, layers: int = 4,
+    heads: int = 4,
+) -> nn.Sequential:
+    """A small byte-level GPT: int64 tokens ``[n, T]`` -> next-token logits ``[n, T, V]``.
+
+    ``TokenEmbedding``, ``layers`` :class:`TransformerBlock` s, a final ``LayerNorm`` and a
+    linear head, each one child of the ``nn.Sequential``, so pipeline stages can cut between
+    any two blocks. About ``12 * layers * d_model**2`` weights (0.9 M with the defaults).
+
+    Args:
+        input_shape: ``(T,)``, the longest sequence (a text window's ``context + 1`` bytes:
+            the model reads its first ``context``).
+        num_classes: the vocabulary ``V`` (256 for bytes).
+        d_model: width of the embeddings and blocks.
+        layers: number of transformer blocks.
+        heads: attention heads (``d_model`` must be a multiple).
+
+    Raises:
+        ValueError: a setting or the shapes do not fit.
+    """
+    shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 1 or num_classes < 1:
+        raise ValueError(
+            f"gpt_tiny needs sequences of shape (T,) and a vocabulary >= 1, got sample shape "
+            f"{shape} and {num_classes} classes"
+        )
+    return nn.Sequential(
+        TokenEmbedding(num_classes, d_model, shape[0]),
+        *(TransformerBlock(d_model, heads) for _ in range(layers)),
+        nn.LayerNorm(d_model),
+        nn.Linear(d_model, num_classes),
+    )
+
+
 MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "mlp": mlp,
     "cnn1d": cnn1d,
     "cnn1d_wide": cnn1d_wide,
     "resnet": resnet,
     "large": large,
+    "gpt_tiny": gpt_tiny,
 }
 
 

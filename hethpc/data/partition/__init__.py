@@ -10,23 +10,26 @@ from hethpc.data.partition.dirichlet import DirichletPartitioner
 from hethpc.data.partition.iid import IIDPartitioner
 from hethpc.data.partition.label_skew import LabelSkewPartitioner
 from hethpc.data.partition.seldp import SelDPPartitioner
+from hethpc.data.partition.site import SitePartitioner, assign_sites
 
 PARTITIONERS: dict[str, type[Partitioner]] = {
     "iid": IIDPartitioner,
     "seldp": SelDPPartitioner,
     "label_skew": LabelSkewPartitioner,
     "dirichlet": DirichletPartitioner,
+    "site": SitePartitioner,
 }
 
 
 def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
-    """Build a partitioner by name (``iid``, ``seldp``, ``label_skew``, ``dirichlet``).
+    """Build a partitioner by name (``iid``, ``seldp``, ``label_skew``, ``dirichlet``, ``site``).
 
     Args:
         name: a key of :data:`PARTITIONERS`; ``-`` may stand for ``_`` (``label-skew``).
         **kwargs: the partitioner's keyword settings, passed through unchanged, e.g.
             ``labels_per_rank``, ``num_classes`` and ``allow_uncovered`` for ``label_skew``,
-            ``alpha`` and ``min_size`` for ``dirichlet``.
+            ``alpha`` and ``min_size`` for ``dirichlet``, ``sites`` (every sample's site
+            index) and ``names`` for ``site``.
 
     Raises:
         PartitionError: unknown name, or settings the partitioner does not take.
@@ -47,5 +50,7 @@ __all__ = [
     "LabelSkewPartitioner",
     "Partitioner",
     "SelDPPartitioner",
+    "SitePartitioner",
+    "assign_sites",
     "make_partitioner",
 ]

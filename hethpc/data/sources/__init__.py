@@ -1,4 +1,4 @@
-"""Readers of source formats for the converters; each yields ``(x, y)`` pieces, never writes.
+"""Readers of source formats for the converters; each yields pieces of samples, never writes.
 
 Sources are opened read-only, and large arrays are read a piece at a time (``.npy`` through a
 memory map), so converting never needs the whole dataset in memory. Source files come from the
@@ -15,13 +15,23 @@ from hethpc.data.sources.idx import idx_pieces, read_idx, read_idx_pair
 from hethpc.data.sources.npy import npy_pieces, npz_pieces, read_npy, read_npy_pair, read_npz
 from hethpc.data.sources.pieces import PIECE, Pieces, holdout, pieces_of
 from hethpc.data.sources.synthetic import synthetic_pieces
+from hethpc.data.sources.text import (
+    TextCorpus,
+    holdout_files,
+    read_corpus,
+    site_name,
+    text_pieces,
+    windows,
+)
 
 __all__ = [
     "PIECE",
     "Pieces",
     "SourceError",
+    "TextCorpus",
     "cifar_pieces",
     "holdout",
+    "holdout_files",
     "idx_pieces",
     "npy_pieces",
     "npz_pieces",
@@ -32,5 +42,9 @@ __all__ = [
     "read_npy",
     "read_npy_pair",
     "read_npz",
+    "read_corpus",
+    "site_name",
     "synthetic_pieces",
+    "text_pieces",
+    "windows",
 ]
