@@ -29,6 +29,7 @@ import argparse
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,20 @@ class TextUsageError(ValueError):
     """An option of ``text`` that cannot be used; the message starts with the option."""
 
 
-def add_parser(sub: Any, common: Any) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[Any],
+    common: Callable[..., None],
+) -> None:
     """The ``text`` sub-command's options on ``sub`` (argparse sub-parsers); ``common(p)`` adds
     the options every source shares."""
     p = sub.add_parser("text", help="text files (default: the standard library's .py files) as "
-                                    "byte windows with their sites, split by file")
+                                    "byte windows with their sites, split by file",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="*", metavar="DIR",
                    help="directories to read (default: this Python's standard library)")
     p.add_argument("--suffix", nargs="+", default=[".py"],
-                   help="file name endings to read (default .py)")
+                   help="file name endings to read (default .py; DIRs go before it)")
     p.add_argument("--tests", action="store_true",
                    help="also read folders of tests (test, tests, idle_test)")
     p.add_argument("--context", type=int, default=128,
