@@ -16,7 +16,6 @@ from hethpc.batching.decision import Adjustment, decide
 from hethpc.batching.estimate import Estimate, TimeEstimator
 from hethpc.batching.gradients import WeightError, weighted_gradient_allreduce
 from hethpc.batching.settings import ControlSettings
-from hethpc.batching.simulate import PhaseFigures, SimRank, SimResult, ideal_sizes, simulate
 from hethpc.batching.slowdown import (
     STRETCH_MODES,
     Slowdown,
