@@ -1,6 +1,6 @@
 """Reader of HDF5-sharded datasets: checks on open, lazy per-process file handles, three read paths.
 
-About 370 lines, one class: the mapped, cached and by-window reads share its per-process state
+One class: the mapped, cached and by-window reads share its per-process state
 (handles, cache, mapping, lock); their mechanics live in ``mapped``, ``chunk_cache`` and
 ``shard_files``, the checks in ``verify``.
 """

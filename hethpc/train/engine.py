@@ -133,7 +133,6 @@ class DataParallel:
         self.group: Group | None = None  # the world
         self.replica, self.replicas = comm.rank(), comm.size()
         self.replica_leaders = list(range(comm.size()))  # a world rank of each replica
-        self.computes_loss = True
         self.loss_rank = 0  # the rank whose losses the summary reports
         self.collective_eval = False
         self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
@@ -231,7 +230,6 @@ class PipelineStage:
         self.group = groups.dp_group or Group((comm.rank(),), 0)
         self.replica, self.replicas = lay.replica, lay.replicas
         self.replica_leaders = [d * lay.stages for d in range(lay.replicas)]
-        self.computes_loss = self.pipe.is_last
         # the world rank of replica 0's last chunk: its last stage, or in a V its first
         self.loss_rank = self.pipe.placement[-1]
         self.collective_eval = True
