@@ -65,7 +65,7 @@ from hethpc.batching import (  # noqa: E402
 from hethpc.batching.slowdown import pace  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import cnn1d  # noqa: E402
-from hethpc.train import evaluate  # noqa: E402
+from hethpc.train.evaluation import evaluate  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

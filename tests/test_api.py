@@ -14,8 +14,10 @@ from torch import nn
 import hethpc
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
-from hethpc.train import TrainConfig, evaluate, make_loss
+from hethpc.train import TrainConfig
 from hethpc.train.build import build
+from hethpc.train.evaluation import evaluate
+from hethpc.train.losses import make_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402
@@ -362,5 +364,5 @@ def test_a_stray_label_that_leaves_classes_empty_is_named() -> None:
     with pytest.warns(UserWarning, match=r"train_data: the labels run to 7, which makes 8 "
                       r"classes, and 3 of them \(4, 5, 6\) have no sample; labels \(samples\): "
                       r"0 \(2\), 1 \(2\), 2 \(2\), 3 \(2\), 7 \(1\)"):  # fmt: skip
-        data = hethpc.data.from_arrays(x, y, name="train_data")
+        data = hethpc.data.adapt.from_arrays(x, y, name="train_data")
     assert data.num_classes == 8

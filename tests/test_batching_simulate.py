@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hethpc.batching import allocate
+from hethpc.batching.allocation import allocate
 from hethpc.batching.estimate import TimeEstimator, common_cut, trimmed_log_mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hethpc.train import CheckpointManager, read_metrics
+from hethpc.train import read_metrics
+from hethpc.train.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = ROOT / "scripts" / "mpirun.sh"

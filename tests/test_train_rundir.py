@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.train import RunDirError, is_run_dir, next_run_dir
-from hethpc.train.rundir import MARKER, claim
+from hethpc.train.rundir import MARKER, RunDirError, claim, is_run_dir, next_run_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import train as train_job  # noqa: E402

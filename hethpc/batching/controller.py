@@ -54,7 +54,7 @@ class BatchController:
             :class:`SlowdownSchedule`, its ``"rank:factor@step"`` spec, or None.
         slowdown_mode: how a slowed rank spends its extra time: ``"sleep"`` (frees its core)
             or ``"busy"`` computing, its core occupied as a slower processor's would be (see
-            :func:`~hethpc.batching.stretch`; with more ranks than cores a busy rank takes
+            :func:`~hethpc.batching.slowdown.stretch`; with more ranks than cores a busy rank takes
             time from the others).
         device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
         group: the data-parallel ranks sharing the global batch (default: the world).

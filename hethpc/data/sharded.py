@@ -342,7 +342,7 @@ def open_dataset(
     cache_bytes: int = 128 << 20,
     chunk_checksums: bool | None = None,
 ) -> ShardedDataset:
-    """Open a dataset directory written by :class:`~hethpc.data.DatasetWriter`.
+    """Open a dataset directory written by :class:`~hethpc.data.writer.DatasetWriter`.
 
     Always checked: the manifest, that shard names stay inside the directory, missing or extra
     shard files, file sizes (truncation), each shard's shapes, dtypes and label histogram.

@@ -18,10 +18,14 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
-from hethpc.data import ArrayDataset, to_inputs, to_targets
-from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
+from hethpc.data import ArrayDataset
+from hethpc.data.transform import to_inputs, to_targets
+from hethpc.pipeline import Pipeline
+from hethpc.pipeline.balance import partition_by_params
+from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
-from hethpc.sync import POLICIES, policy_class
+from hethpc.sync import POLICIES
+from hethpc.sync.factory import policy_class
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
@@ -153,7 +157,7 @@ class DataParallel:
 
     def control_time(self, own_s: float, compute_s: float) -> float:
         """The time the batch controller follows: on a CPU, the forward and backward's CPU
-        time at the CPU share the rank gets (:class:`~hethpc.batching.CpuShare`, which sees a
+        time at the CPU share the rank gets (:class:`~hethpc.batching.busy.CpuShare`, which sees a
         CPU quota's stalls wherever they fall); on a GPU the timed compute."""
         return compute_s if self.device.type == "cuda" else own_s
 

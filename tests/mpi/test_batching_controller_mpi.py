@@ -14,9 +14,9 @@ from hethpc.batching import (
     BatchController,
     BatchingError,
     ControlSettings,
-    allocate,
     weighted_gradient_allreduce,
 )
+from hethpc.batching.allocation import allocate
 
 
 def _time(rank: int, b: int, step: int, change_at: int = 10**9) -> float:

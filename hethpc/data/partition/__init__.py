@@ -40,12 +40,4 @@ def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
         raise PartitionError(f"partitioner {name!r} does not take {sorted(kwargs)}: {e}") from e
 
 
-__all__ = [
-    "PARTITIONERS",
-    "DirichletPartitioner",
-    "IIDPartitioner",
-    "LabelSkewPartitioner",
-    "Partitioner",
-    "SelDPPartitioner",
-    "make_partitioner",
-]
+__all__ = ["PARTITIONERS", "Partitioner", "make_partitioner"]
