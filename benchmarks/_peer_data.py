@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, TensorDataset
 
-from hethpc.data import holdout, load_mnist1d
-from hethpc.data.partition import LabelSkewPartitioner
+from hethpc.data import load_mnist1d
+from hethpc.data.holdout import holdout
+from hethpc.data.partition.label_skew import LabelSkewPartitioner
 
 
 class PeerData(NamedTuple):

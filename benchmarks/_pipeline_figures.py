@@ -6,7 +6,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from hethpc.pipeline import LayerProfile, bubble_fraction
+from hethpc.pipeline.profile import LayerProfile
+from hethpc.pipeline.schedule import bubble_fraction
 
 med = statistics.median
 

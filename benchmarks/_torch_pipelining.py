@@ -10,7 +10,7 @@ from _training import Loss, timed_steps
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import split_model
+from hethpc.pipeline.balance import split_model
 
 # torch.distributed.pipelining's schedules beside hethpc's: (class name, chunks of the model,
 # chunk indices each rank holds). Interleaved: rank r holds chunks r and r+2; V: 0,3 and 1,2.

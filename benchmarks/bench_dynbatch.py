@@ -20,7 +20,7 @@ time, or computes with ``--slowdown-mode busy``), and combines gradients with
 and a fixed cost per forward/backward (about 1.5 ms), which at small batches (128) made step
 time far from proportional to the batch.
 
-The figures are defined in :mod:`hethpc.batching.figures` (``run_figures``).
+The figures are defined in :mod:`_dynbatch_figures` (``run_figures``).
 
 With ``--paced S`` each step's compute is paced to S seconds per sample: after the real forward
 and backward the rank sleeps until then (and a slowed rank then stretches that). The timings are
@@ -54,13 +54,18 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _dynbatch_figures import run_figures  # noqa: E402
+
 from hethpc import comm  # noqa: E402
-from hethpc.batching import BatchController, weighted_gradient_allreduce  # noqa: E402
-from hethpc.batching.figures import run_figures  # noqa: E402
+from hethpc.batching import (  # noqa: E402
+    BatchController,
+    ControlSettings,
+    weighted_gradient_allreduce,
+)
 from hethpc.batching.slowdown import pace  # noqa: E402
 from hethpc.data import ArrayDataset, load_mnist1d  # noqa: E402
 from hethpc.models import cnn1d  # noqa: E402
-from hethpc.train import evaluate  # noqa: E402
+from hethpc.train.evaluation import evaluate  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,7 +154,7 @@ class Run:
         self.ctl = BatchController(
             args.batch,
             mode=mode,
-            interval=args.interval,
+            settings=ControlSettings(interval=args.interval),
             slowdown=slowdown,
             slowdown_mode=args.slowdown_mode,
         )

@@ -309,7 +309,7 @@ def testbed_lacks(scenario: dict[str, Any]) -> str:
     v1); empty: nothing, or not a testbed scenario."""
     if "testbed" not in scenario:
         return ""
-    from hethpc.testbed import missing
+    from hethpc.testbed.kernel import missing
 
     return "; ".join(["Linux"] if sys.platform != "linux" else missing())
 

@@ -49,16 +49,10 @@ import h5py
 import numpy as np
 import torch
 
-from hethpc.data import (
-    DatasetError,
-    Loader,
-    ShardedDataset,
-    block_shuffle,
-    open_dataset,
-    sha256_file,
-    write_dataset,
-)
+from hethpc.data import DatasetError, Loader, ShardedDataset, open_dataset, write_dataset
+from hethpc.data.order import block_shuffle
 from hethpc.data.sources import synthetic_pieces
+from hethpc.data.verify import sha256_file
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

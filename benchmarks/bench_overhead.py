@@ -66,8 +66,10 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import ArrayDataset, load_mnist1d
 from hethpc.models import build_model
-from hethpc.sync import BSP, average_gradients_
-from hethpc.train import TrainConfig, evaluate, read_metrics, train
+from hethpc.sync import BSP
+from hethpc.sync.averaging import average_gradients_
+from hethpc.train import TrainConfig, read_metrics, train
+from hethpc.train.evaluation import evaluate
 
 PEERS = ("horovod", "ddp", "hethpc", "overlap")
 

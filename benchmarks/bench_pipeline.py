@@ -74,14 +74,11 @@ from _training import timed_steps
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import (
-    ActivationMeter,
-    LayerProfile,
-    Pipeline,
-    StepStats,
-    partition_by_params,
-    profile_layers,
-)
+from hethpc.pipeline import Pipeline
+from hethpc.pipeline.balance import partition_by_params
+from hethpc.pipeline.memory import ActivationMeter
+from hethpc.pipeline.profile import LayerProfile, profile_layers
+from hethpc.pipeline.runner import StepStats
 from hethpc.train import this_device
 
 

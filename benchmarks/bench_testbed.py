@@ -45,8 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hethpc.testbed import Testbed, missing  # noqa: E402
+from hethpc.testbed import Testbed  # noqa: E402
 from hethpc.testbed.checks import measure_cpu, measure_link  # noqa: E402
+from hethpc.testbed.kernel import missing  # noqa: E402
 from hethpc.train import time_to_target  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")

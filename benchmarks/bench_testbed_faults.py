@@ -48,7 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hethpc.testbed import Testbed, kernel, missing  # noqa: E402
+from hethpc.testbed import Testbed, kernel  # noqa: E402
+from hethpc.testbed.kernel import missing  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")

@@ -27,10 +27,11 @@ import torch
 from _training import policy_step
 
 from hethpc import comm
-from hethpc.data import ArrayDataset, Injector, LabelSkewPartitioner, Loader, load_mnist1d
+from hethpc.data import ArrayDataset, Injector, Loader, load_mnist1d
+from hethpc.data.partition import LabelSkewPartitioner
 from hethpc.models import build_model
 from hethpc.sync import make_policy
-from hethpc.train import evaluate
+from hethpc.train.evaluation import evaluate
 
 METHODS = {
     "iid": ["bsp", "selsync", "selsync:previous", "selsync:window", "fedavg", "fedavg:22", "local"],

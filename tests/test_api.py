@@ -14,8 +14,10 @@ import hethpc
 from hethpc.cli import train as train_job
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
-from hethpc.train import TrainConfig, evaluate, make_loss
+from hethpc.train import TrainConfig
 from hethpc.train.build import build
+from hethpc.train.evaluation import evaluate
+from hethpc.train.losses import make_loss
 
 
 def _blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -359,5 +361,5 @@ def test_a_stray_label_that_leaves_classes_empty_is_named() -> None:
     with pytest.warns(UserWarning, match=r"train_data: the labels run to 7, which makes 8 "
                       r"classes, and 3 of them \(4, 5, 6\) have no sample; labels \(samples\): "
                       r"0 \(2\), 1 \(2\), 2 \(2\), 3 \(2\), 7 \(1\)"):  # fmt: skip
-        data = hethpc.data.from_arrays(x, y, name="train_data")
+        data = hethpc.data.adapt.from_arrays(x, y, name="train_data")
     assert data.num_classes == 8

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from hethpc.batching import (
-    AllocationError,
+from hethpc.batching import AllocationError
+from hethpc.batching.allocation import (
     allocate,
     default_min_batch,
     exceeds_deadband,

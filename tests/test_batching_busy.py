@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from hethpc.batching import CpuShare
-from hethpc.testbed import Testbed, missing
+from hethpc.batching.busy import CpuShare
+from hethpc.testbed import Testbed
+from hethpc.testbed.kernel import missing
 
 
 def test_a_dedicated_core_keeps_the_compute_time() -> None:

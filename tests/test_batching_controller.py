@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hethpc.batching import AllocationError, BatchController, BatchingError
+from hethpc.batching import AllocationError, BatchController, BatchingError, ControlSettings
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,10 @@ from hethpc.batching import AllocationError, BatchController, BatchingError
          "b_max", "b_min"],
 )
 def test_bad_settings(kw: dict, error: type[Exception], match: str) -> None:
+    control = {k: v for k, v in kw.items() if k in ControlSettings.__dataclass_fields__}
+    rest = {k: v for k, v in kw.items() if k not in control}
     with pytest.raises(error, match=match):
-        BatchController(16, **kw)
+        BatchController(16, settings=ControlSettings(**control), **rest)
 
 
 def test_batch_below_world_is_an_error() -> None:
@@ -54,7 +56,7 @@ def test_sizes_in_one_process(mode: str) -> None:
 
 
 def test_decisions_every_interval_and_never_in_fixed_modes() -> None:
-    dyn = BatchController(32, interval=4)
+    dyn = BatchController(32, settings=ControlSettings(interval=4))
     fixed = BatchController(32, mode="static")
     got = [dyn.update(step=s, compute_s=0.01) for s in range(12)]
     assert [s for s, r in enumerate(got) if r is not None] == [3, 7, 11]
@@ -65,7 +67,7 @@ def test_decisions_every_interval_and_never_in_fixed_modes() -> None:
 
 
 def test_probe_decides_early_then_every_interval() -> None:
-    c = BatchController(32, interval=5, probe_steps=2)
+    c = BatchController(32, settings=ControlSettings(interval=5), probe_steps=2)
     got = [c.update(step=s, compute_s=0.01) for s in range(12)]
     steps = [s for s, r in enumerate(got) if r is not None]
     assert steps == [1, 6, 11]
@@ -73,7 +75,7 @@ def test_probe_decides_early_then_every_interval() -> None:
 
 
 def test_estimate_is_the_geometric_mean_over_the_interval() -> None:
-    c = BatchController(10, interval=3, trim=0.0)
+    c = BatchController(10, settings=ControlSettings(interval=3, trim=0.0))
     for s, t in enumerate([1.0, 2.0, 4.0]):
         c.update(step=s, compute_s=t)
     # per-sample 0.1, 0.2, 0.4 -> geometric mean 0.2; times 10 samples
@@ -84,7 +86,7 @@ def test_estimate_is_the_geometric_mean_over_the_interval() -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf], ids=["nan", "zero", "neg", "inf"])
 def test_invalid_times_are_skipped_and_reported(bad: float) -> None:
-    c = BatchController(10, interval=2)
+    c = BatchController(10, settings=ControlSettings(interval=2))
     c.update(step=0, compute_s=bad)
     rec = c.update(step=1, compute_s=bad)
     assert rec is not None and not rec.applied and rec.reason.startswith("invalid time: rank(s) 0")
@@ -111,11 +113,11 @@ def test_timer_stop_applies_the_slowdown_of_the_current_step() -> None:
 
 
 def test_state_dict_round_trip_through_json() -> None:
-    a = BatchController(16, interval=3, probe_steps=2)
+    a = BatchController(16, settings=ControlSettings(interval=3), probe_steps=2)
     for s in range(6):
         a.update(step=s, compute_s=0.01 * (s + 1))
     state = json.loads(json.dumps(a.state_dict()))
-    b = BatchController(16, interval=3, probe_steps=2)
+    b = BatchController(16, settings=ControlSettings(interval=3), probe_steps=2)
     b.load_state_dict(state)
     assert b.state_dict() == a.state_dict()
     assert b.adjustments == a.adjustments

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from hethpc.batching import Adjustment, AllocationError, decide
+from hethpc.batching import AllocationError
+from hethpc.batching.decision import Adjustment, decide
 
 
 @pytest.mark.parametrize(

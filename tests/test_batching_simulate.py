@@ -11,13 +11,17 @@ once a longer window has been measured; a rank holding 8-16 samples moves in ste
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hethpc.batching import allocate
+from hethpc.batching.allocation import allocate
 from hethpc.batching.estimate import TimeEstimator, common_cut, trimmed_log_mean
-from hethpc.batching.simulate import SimRank, ideal_sizes, simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _dynbatch_simulate import SimRank, ideal_sizes, simulate  # noqa: E402
 
 R = SimRank(per_sample_s=0.25e-3, per_step_s=2e-3)
 SEEDS = [0, 1, 2]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hethpc.batching import Slowdown, SlowdownError, SlowdownSchedule, stretch
+from hethpc.batching.slowdown import Slowdown, SlowdownError, SlowdownSchedule, stretch
 
 
 @pytest.mark.parametrize(

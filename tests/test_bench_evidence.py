@@ -130,9 +130,9 @@ def test_a_testbed_scenario_launches_through_the_testbed() -> None:
 def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import hethpc.testbed
+    import hethpc.testbed.kernel
 
-    monkeypatch.setattr(hethpc.testbed, "missing", lambda: ["root"])
+    monkeypatch.setattr(hethpc.testbed.kernel, "missing", lambda: ["root"])
     monkeypatch.setattr(bench_evidence, "under_mpi", lambda: False)
     with pytest.raises(SystemExit, match=r"scenario testbed_demo runs on a testbed .* lacks root"):
         bench_evidence.main(["--only", "testbed_demo"])

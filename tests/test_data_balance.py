@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hethpc.data import proportional_shares, transfer_plan
+from hethpc.data.balance import proportional_shares, transfer_plan
 from hethpc.train import TrainConfig
 from hethpc.train.config import ConfigError
 from hethpc.train.parts import gradient_weight, make_rebalancer

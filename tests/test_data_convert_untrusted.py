@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hethpc.data import DatasetError, SourceError, sources
+from hethpc.data import DatasetError, sources
+from hethpc.data.sources import SourceError
 
 RNG = np.random.default_rng(1)
 

@@ -12,14 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hethpc.data import (
-    DatasetError,
-    DatasetWriter,
-    ShardError,
-    open_dataset,
-    sha256_file,
-    write_dataset,
-)
+from hethpc.data import DatasetError, DatasetWriter, ShardError, open_dataset, write_dataset
+from hethpc.data.verify import sha256_file
 
 
 def _data(n: int = 500, shape: tuple[int, ...] = (6,), classes: int = 5) -> tuple[np.ndarray, ...]:

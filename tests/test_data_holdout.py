@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hethpc.data import ArrayDataset, DatasetError, holdout, holdout_indices
+from hethpc.data import ArrayDataset, DatasetError
+from hethpc.data.holdout import holdout, holdout_indices
 
 
 def test_the_split_is_a_partition_of_the_given_size_and_a_function_of_the_seed() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hethpc.data import Injector, local_batch_size, senders, share_size
+from hethpc.data import Injector
+from hethpc.data.injection import local_batch_size, senders, share_size
 
 
 @pytest.mark.parametrize(

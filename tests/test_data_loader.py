@@ -11,17 +11,15 @@ import torch
 
 from hethpc.data import (
     ArrayDataset,
-    IIDPartitioner,
     Loader,
     LoaderError,
     ShardedDataset,
-    block_shuffle,
-    block_shuffle_windows,
     open_dataset,
-    segment_bounds,
     write_dataset,
 )
 from hethpc.data.loader import worth_prefetching
+from hethpc.data.order import block_shuffle, block_shuffle_windows, segment_bounds
+from hethpc.data.partition import IIDPartitioner
 
 N = 600
 

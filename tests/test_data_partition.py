@@ -7,14 +7,13 @@ import re
 import numpy as np
 import pytest
 
-from hethpc.data import (
+from hethpc.data import PartitionError, make_partitioner
+from hethpc.data.partition import (
     DirichletPartitioner,
     IIDPartitioner,
     LabelSkewPartitioner,
     Partitioner,
-    PartitionError,
     SelDPPartitioner,
-    make_partitioner,
 )
 
 LABELS = np.random.default_rng(1).integers(0, 10, 1000)

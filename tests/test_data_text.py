@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hethpc.cli import convert, inspect_dataset
-from hethpc.data import PartitionError, SitePartitioner, make_partitioner, open_dataset, sources
-from hethpc.data.partition import assign_sites
+from hethpc.data import PartitionError, make_partitioner, open_dataset, sources
+from hethpc.data.partition.site import SitePartitioner, assign_sites
 from hethpc.data.sources.text import num_windows
 
 CONTEXT = 8

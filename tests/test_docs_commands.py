@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.testbed import missing
+from hethpc.testbed.kernel import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED_LACKS = missing()  # the testbed's commands need root on Linux

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.models import ModelError, build_model, gpt_tiny
-from hethpc.models.builtin import TransformerBlock
+from hethpc.models import ModelError, build_model
+from hethpc.models.builtin import TransformerBlock, gpt_tiny
 
 T = 17
 

@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hethpc.train.loop
 from hethpc import testbed  # the module: pytest would try to collect a class named Test*
+from hethpc.data.holdout import holdout
+from hethpc.testbed.kernel import missing
 from hethpc.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +85,7 @@ def test_ddp_peer_trains_across_testbed_nodes(cache: Path, tmp_path: Path) -> No
         pytest.skip("stands up a testbed; run it outside mpirun")
     if os.geteuid() != 0:
         pytest.skip("a testbed needs root")
-    lack = testbed.missing()
+    lack = missing()
     if lack:
         pytest.skip("no testbed on this host: it lacks " + "; ".join(lack))
     out = tmp_path / "summary.json"
@@ -109,7 +111,7 @@ def test_peer_holds_out_the_validation_split_hethpc_holds_out(
     held: list = []
 
     def spy(*args, **kw):  # the split a real hethpc run evaluates on
-        held.append(hethpc.data.holdout(*args, **kw))
+        held.append(holdout(*args, **kw))
         return held[-1]
 
     monkeypatch.setattr(hethpc.train.loop, "holdout", spy)

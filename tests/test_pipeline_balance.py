@@ -6,18 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.pipeline import (
-    BalanceError,
-    LayerProfile,
+from hethpc.pipeline import BalanceError
+from hethpc.pipeline.balance import (
     balance_costs,
-    layer_times,
     partition_by_counts,
     partition_by_params,
-    partition_by_time,
-    profile_layers,
     split_model,
     stage_costs,
 )
+from hethpc.pipeline.profile import LayerProfile, layer_times, partition_by_time, profile_layers
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.pipeline import ActivationMeter, Layout, PipelineError, pipeline_layout
+from hethpc.pipeline import PipelineError
+from hethpc.pipeline.groups import Layout, pipeline_layout
+from hethpc.pipeline.memory import ActivationMeter
 
 
 @pytest.mark.parametrize(

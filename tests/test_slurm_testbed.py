@@ -22,6 +22,7 @@ import pytest
 from hethpc import testbed
 from hethpc.testbed import kernel
 from hethpc.testbed.bed import CGROUP_ROOT, PREFIX
+from hethpc.testbed.kernel import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,7 +59,7 @@ def _on_testbed(bed: testbed.Testbed) -> list[int]:
 def test_train_cpu_runs_one_rank_per_testbed_node(tmp_path: Path) -> None:
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         pytest.skip("stands up a testbed and a SLURM cluster; run it outside mpirun")
-    lack = testbed.missing()
+    lack = missing()
     if lack:
         pytest.skip("no testbed on this host: it lacks " + "; ".join(lack))
     with testbed.Testbed(NODES, name=NAME) as bed:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hethpc.sync import BSP, DriftCorrection, SelSync
-from hethpc.sync.drift import correction
+from hethpc.sync import BSP, SelSync
+from hethpc.sync.drift import DriftCorrection, correction
 from hethpc.train import TrainConfig
 from hethpc.train.config import ConfigError
 from hethpc.train.parts import drift_correction, make_policy

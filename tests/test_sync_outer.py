@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.sync import BSP, FedAvg, LocalOnly, OuterOptimizer, SelSync, SyncError, outer_update
+from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError
+from hethpc.sync.outer import OuterOptimizer, outer_update
 from hethpc.train import TrainConfig
 from hethpc.train.config import ConfigError
 from hethpc.train.engine import check_pipeline_config

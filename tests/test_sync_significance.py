@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from hethpc.sync import SignificanceTracker, gradient_norm
-from hethpc.sync.significance import relative_change
+from hethpc.sync.significance import SignificanceTracker, gradient_norm, relative_change
 
 NAN, INF = math.nan, math.inf
 

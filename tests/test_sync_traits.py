@@ -11,15 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.sync import (
-    POLICIES,
-    DriftCorrection,
-    OuterOptimizer,
-    SyncPolicy,
-    Traits,
-    policy_class,
-)
+from hethpc.sync import POLICIES, SyncPolicy
 from hethpc.sync import make_policy as make_sync_policy
+from hethpc.sync.drift import DriftCorrection
+from hethpc.sync.factory import policy_class
+from hethpc.sync.outer import OuterOptimizer
+from hethpc.sync.traits import Traits
 from hethpc.train.config import TrainConfig, config_fields
 from hethpc.train.config_policy import policy_settings, policy_traits
 from hethpc.train.parts import make_policy

@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.testbed import (
-    NodeSpec,
-    SpecError,
-    Testbed,
-    TestbedError,
-    kernel,
-    load_nodes,
-    missing,
-    parse_rate,
-)
+from hethpc.testbed import NodeSpec, SpecError, Testbed, TestbedError, kernel, load_nodes
 from hethpc.testbed.bed import CGROUP_ROOT, PREFIX, STATE_ROOT
 from hethpc.testbed.checks import measure_cpu, measure_link
+from hethpc.testbed.kernel import missing
+from hethpc.testbed.spec import parse_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = (str(ROOT / "scripts" / "mpirun.sh"),)

@@ -16,9 +16,10 @@ import pytest
 from hethpc import testbed
 from hethpc.testbed import kernel
 from hethpc.testbed.bed import PREFIX
+from hethpc.testbed.kernel import missing
 
 ROOT = Path(__file__).resolve().parents[1]
-LACKS = testbed.missing()
+LACKS = missing()
 pytestmark = [
     pytest.mark.skipif(bool(LACKS), reason="testbed needs " + "; ".join(LACKS)),
     pytest.mark.skipif(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hethpc.train import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.checkpoint import decode, encode
+from hethpc.train import CheckpointError
+from hethpc.train.checkpoint import CheckpointManager, CheckpointWarning, decode, encode
 
 
 def _state(step: int) -> dict:

@@ -9,8 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.train import Fault, MetricsWriter, local_nonfinite, model_signature, read_metrics
-from hethpc.train.guards import AveragedGradientGuard, describe_mismatch, poison_if_nonfinite_
+from hethpc.train import Fault, read_metrics
+from hethpc.train.guards import (
+    AveragedGradientGuard,
+    describe_mismatch,
+    local_nonfinite,
+    model_signature,
+    poison_if_nonfinite_,
+)
+from hethpc.train.metrics import MetricsWriter
 from hethpc.train.summary import format_summary
 
 

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from hethpc.cli.train import resume_command
-from hethpc.train import CheckpointManager, read_metrics
+from hethpc.train import read_metrics
+from hethpc.train.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = ROOT / "scripts" / "mpirun.sh"

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc.models import MODELS, BasicBlock, build_model
+from hethpc.models import MODELS, build_model
+from hethpc.models.builtin import BasicBlock
 
 
 @pytest.mark.parametrize(

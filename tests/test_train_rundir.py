@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from hethpc.cli import train as train_job
-from hethpc.train import RunDirError, is_run_dir, next_run_dir
-from hethpc.train.rundir import MARKER, claim
+from hethpc.train.rundir import MARKER, RunDirError, claim, is_run_dir, next_run_dir
 
 USER_FILES = {
     "config.json": b'{"mine": true}\n',

@@ -1,8 +1,7 @@
 """The batch controller: times each rank's compute and resizes batches in proportion to speed.
 
-About 320 lines, one class: its constructor checks every setting alike on every rank (the
-settings themselves are documented in ``settings``, the decision in ``decision``, the
-estimate in ``estimate``).
+One class: its constructor checks every setting alike on every rank (the control settings are
+documented in ``settings``, the decision in ``decision``, the estimate in ``estimate``).
 """
 
 from __future__ import annotations
@@ -46,21 +45,19 @@ class BatchController:
             ``weights``) or ``"uniform"`` (equal sizes).
         weights: per-rank weights (e.g. core counts) for the first sizes (dynamic) or the fixed
             sizes (static); None for equal sizes.
-        interval, deadband, min_change, window, noise_z, trim, b_min, b_max: the control
-            settings (``interval`` applies to mode dynamic), documented with their defaults in
-            :class:`ControlSettings`.
+        settings: how the sizes are measured, decided and bounded (:class:`ControlSettings`,
+            whose fields document their defaults; ``interval`` applies to mode dynamic); None
+            for the defaults. The job and the simulator use the same object.
         probe_steps: if > 0, the first decision comes after this many steps (at the start
             sizes) and is adopted whatever its change; then every ``interval`` steps.
         slowdown: emulated heterogeneity applied in :meth:`timer_stop`: a
             :class:`SlowdownSchedule`, its ``"rank:factor@step"`` spec, or None.
         slowdown_mode: how a slowed rank spends its extra time: ``"sleep"`` (frees its core)
             or ``"busy"`` computing, its core occupied as a slower processor's would be (see
-            :func:`~hethpc.batching.stretch`; with more ranks than cores a busy rank takes
+            :func:`~hethpc.batching.slowdown.stretch`; with more ranks than cores a busy rank takes
             time from the others).
         device: the compute device; on CUDA :meth:`timer_stop` synchronises it first.
         group: the data-parallel ranks sharing the global batch (default: the world).
-        settings: ``interval`` .. ``b_max`` as one :class:`ControlSettings` (the job and the
-            simulator use the same object); when given, those keywords are ignored.
 
     Raises:
         BatchingError: a setting is out of range, or the ranks were given different settings
@@ -74,26 +71,15 @@ class BatchController:
         *,
         mode: str = "dynamic",
         weights: Sequence[float] | np.ndarray | None = None,
-        interval: int = 10,
-        deadband: float = 0.05,
-        min_change: int = 1,
-        window: int = 200,
-        noise_z: float = 3.0,
-        trim: float = 0.2,
-        b_min: Bound = 1,
-        b_max: Bound = None,
+        settings: ControlSettings | None = None,
         probe_steps: int = 0,
         slowdown: SlowdownSchedule | str | Sequence[Slowdown] | None = None,
         slowdown_mode: str = "sleep",
         device: torch.device | str | None = None,
         group: comm.Group | None = None,
-        settings: ControlSettings | None = None,
     ) -> None:
-        if settings is not None:  # all the control settings at once
-            interval, deadband = settings.interval, settings.deadband
-            min_change, window = settings.min_change, settings.window
-            noise_z, trim = settings.noise_z, settings.trim
-            b_min, b_max = settings.b_min, settings.b_max
+        self.settings = ControlSettings() if settings is None else settings
+        b_min, b_max = self.settings.b_min, self.settings.b_max
         self._group = comm.world() if group is None else group
         self._rank = self._group.rank
         self._n = self._group.size
@@ -102,24 +88,17 @@ class BatchController:
         self._device = torch.device(device) if device is not None else None
         self.global_batch = int(global_batch)
         self.mode = mode
-        self.interval = int(interval)
-        self.deadband = float(deadband)
-        self.min_change = int(min_change)
-        self.window = int(window)
-        self.noise_z = float(noise_z)
-        self.trim = float(trim)
         self.probe_steps = int(probe_steps)
-        self._b_min, self._b_max = b_min, b_max
         given = (
             self.global_batch,
             mode,
             None if weights is None else [float(w) for w in weights],
-            self.interval,
-            self.deadband,
-            self.min_change,
-            self.window,
-            self.noise_z,
-            self.trim,
+            self.settings.interval,
+            self.settings.deadband,
+            self.settings.min_change,
+            self.settings.window,
+            self.settings.noise_z,
+            self.settings.trim,
             _plain(b_min),
             _plain(b_max),
             self.probe_steps,
@@ -136,10 +115,6 @@ class BatchController:
                 "every rank"
             )
         # Validated after the comparison: equal settings fail alike on every rank.
-        self.settings = ControlSettings(
-            interval=self.interval, deadband=self.deadband, min_change=self.min_change,
-            window=self.window, noise_z=self.noise_z, trim=self.trim, b_min=b_min, b_max=b_max,
-        )  # fmt: skip
         self._validate(weights)
         if mode == "uniform" or weights is None:
             start = allocate(self.global_batch, [1.0] * self._n, b_min=b_min, b_max=b_max)
@@ -247,7 +222,7 @@ class BatchController:
         if self.mode != "dynamic":
             return None
         self._since += 1
-        if self._since < (self.probe_steps if self._probe_pending else self.interval):
+        if self._since < (self.probe_steps if self._probe_pending else self.settings.interval):
             return None
         self._since = 0
         rec = self._decide(step)

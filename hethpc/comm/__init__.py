@@ -12,21 +12,43 @@ through mpi4py.
 
 from __future__ import annotations
 
-from hethpc.comm.broadcast import broadcast_model, broadcast_optimizer_state
-from hethpc.comm.buffers import transfer_buffer
-from hethpc.comm.collectives import (
+from hethpc.comm.broadcast import broadcast_model
+from hethpc.comm.collectives import allreduce_
+from hethpc.comm.errors import CommError
+from hethpc.comm.groups import Group, new_group, world
+from hethpc.comm.objects import allgather_object, barrier, broadcast_object
+from hethpc.comm.runtime import init, local_rank, rank, size
+
+__all__ = [
+    "CommError",
+    "Group",
+    "allgather_object",
+    "allreduce_",
+    "barrier",
+    "broadcast_model",
+    "broadcast_object",
+    "init",
+    "local_rank",
+    "new_group",
+    "rank",
+    "size",
+    "world",
+]
+
+# Not public: the rest of the layer, which hethpc's own modules and the commands call as
+# ``comm.<name>``; imported from its module elsewhere (e.g. :mod:`hethpc.comm.p2p`).
+from hethpc.comm.broadcast import broadcast_optimizer_state  # noqa: F401
+from hethpc.comm.buffers import transfer_buffer  # noqa: F401
+from hethpc.comm.collectives import (  # noqa: F401
     Pending,
     ReduceOp,
     allreduce,
-    allreduce_,
     allreduce_async_,
     grouped_allreduce,
     grouped_allreduce_,
 )
-from hethpc.comm.cuda_aware import CudaAwareness, Transfers, cuda_awareness, transfers
-from hethpc.comm.errors import CommError
-from hethpc.comm.groups import Group, new_group, world
-from hethpc.comm.link import (
+from hethpc.comm.cuda_aware import CudaAwareness, Transfers, cuda_awareness, transfers  # noqa: F401
+from hethpc.comm.link import (  # noqa: F401
     Link,
     LinkError,
     LinkStats,
@@ -35,14 +57,8 @@ from hethpc.comm.link import (
     parse_link,
     set_link,
 )
-from hethpc.comm.objects import (
-    allgather_array,
-    allgather_object,
-    allreduce_array,
-    barrier,
-    broadcast_object,
-)
-from hethpc.comm.p2p import (
+from hethpc.comm.objects import allgather_array, allreduce_array  # noqa: F401
+from hethpc.comm.p2p import (  # noqa: F401
     RecvRequest,
     Request,
     irecv_tensor,
@@ -50,66 +66,12 @@ from hethpc.comm.p2p import (
     recv_tensor,
     send_tensor,
 )
-from hethpc.comm.runtime import (
+from hethpc.comm.runtime import (  # noqa: F401
     abort,
     abort_on_exception,
-    init,
     is_horovod_optimizer,
     is_initialized,
-    local_rank,
     local_size,
-    rank,
-    size,
     transport,
 )
-from hethpc.comm.waiting import comm_seconds
-
-__all__ = [
-    "CommError",
-    "CudaAwareness",
-    "Group",
-    "Link",
-    "LinkError",
-    "LinkStats",
-    "RecvRequest",
-    "Transfers",
-    "Pending",
-    "ReduceOp",
-    "Request",
-    "abort",
-    "comm_seconds",
-    "abort_on_exception",
-    "allgather_array",
-    "allgather_object",
-    "allreduce",
-    "allreduce_",
-    "allreduce_array",
-    "allreduce_async_",
-    "barrier",
-    "broadcast_model",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "cuda_awareness",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "init",
-    "irecv_tensor",
-    "is_horovod_optimizer",
-    "is_initialized",
-    "isend_tensor",
-    "local_rank",
-    "local_size",
-    "new_group",
-    "rank",
-    "recv_tensor",
-    "send_tensor",
-    "size",
-    "transfer_buffer",
-    "transfers",
-    "transport",
-    "world",
-    "current_link",
-    "link_stats",
-    "parse_link",
-    "set_link",
-]
+from hethpc.comm.waiting import comm_seconds  # noqa: F401

@@ -173,7 +173,7 @@ def wait_out(t0: float, emulated_s: float, nbytes: int) -> None:
 def emulate_collective(t0: float, kind: str, nbytes: int, size: int) -> None:
     """After a collective of ``kind`` (allreduce, allgather, broadcast) over ``size`` ranks,
     started at ``t0``, last as long as on the emulated link (nothing more when emulation is
-    off); its whole time counts in :func:`~hethpc.comm.comm_seconds`."""
+    off); its whole time counts in :func:`~hethpc.comm.waiting.comm_seconds`."""
     if _link is not None and size >= 2:
         seconds = {
             "allreduce": _link.allreduce_s,

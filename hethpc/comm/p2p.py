@@ -11,7 +11,7 @@ send) waits for each send's CUDA event and posts its payload, in the order the s
 started, so the caller never blocks on the GPU and the send moves on even while the caller is
 in another MPI call.
 
-About 320 lines, one concept: the send and receive requests of one message format, for CPU and
+One concept: the send and receive requests of one message format, for CPU and
 CUDA tensors alike.
 """
 

@@ -11,7 +11,7 @@ anything for an operation to complete: with Open MPI on one node the windows are
 (``osc/sm``) and the origin does the work itself; across nodes the RDMA component
 (``osc/rdma``, ``osc/ucx``) does.
 
-With link emulation on (:func:`hethpc.comm.set_link`), a read or an add of ``n`` bytes lasts at
+With link emulation on (:func:`hethpc.comm.link.set_link`), a read or an add of ``n`` bytes lasts at
 least ``n / bandwidth + latency`` (a point-to-point transfer to or from the host).
 """
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
-from hethpc.data.mnist1d import ArrayDataset
 from hethpc.data.sharded import ShardedDataset
 from hethpc.data.shared import open_dataset_shared
 

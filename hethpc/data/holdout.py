@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
-from hethpc.data.mnist1d import ArrayDataset
 from hethpc.data.sharded import ShardedDataset
 
 

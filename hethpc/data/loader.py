@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import LoaderError
-from hethpc.data.mnist1d import ArrayDataset
 from hethpc.data.prefetch import Prefetcher, running_mean, worth_prefetching
 from hethpc.data.shard_reads import ShardStreamReader
 from hethpc.data.sharded import ShardedDataset

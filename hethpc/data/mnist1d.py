@@ -5,32 +5,13 @@ from __future__ import annotations
 import os
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
-
-
-@dataclass(frozen=True)
-class ArrayDataset:
-    """A labelled data set held in memory.
-
-    Attributes:
-        x: samples, shape ``[n, *sample_shape]``, float32.
-        y: labels, shape ``[n]``, int64.
-        num_classes: number of distinct labels.
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-
-    def __len__(self) -> int:
-        return len(self.y)
-
 
 _KEYS = ("x", "y", "x_test", "y_test")
 

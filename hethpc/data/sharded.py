@@ -1,6 +1,6 @@
 """Reader of HDF5-sharded datasets: checks on open, lazy per-process file handles, three read paths.
 
-About 400 lines, one class: the mapped, cached and by-window reads share its per-process state
+One class: the mapped, cached and by-window reads share its per-process state
 (handles, cache, mapping, lock); their mechanics live in ``mapped``, ``chunk_cache`` and
 ``shard_files``, the checks in ``verify``.
 """
@@ -371,7 +371,7 @@ def open_dataset(
     cache_bytes: int = 128 << 20,
     chunk_checksums: bool | None = None,
 ) -> ShardedDataset:
-    """Open a dataset directory written by :class:`~hethpc.data.DatasetWriter`.
+    """Open a dataset directory written by :class:`~hethpc.data.writer.DatasetWriter`.
 
     Always checked: the manifest, that shard names stay inside the directory, missing or extra
     shard files, file sizes (truncation), each shard's shapes, dtypes and label histogram.

@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-from hethpc.models.builtin import (
-    MODELS,
-    BasicBlock,
-    ModelError,
-    build_model,
-    cnn1d,
-    gpt_tiny,
-    large,
-    mlp,
-    resnet,
-)
-from hethpc.models.factory import ImportSpecError, import_object
+from hethpc.models.builtin import MODELS, ModelError, build_model, cnn1d, mlp, resnet
+from hethpc.models.factory import ImportSpecError
 
-__all__ = [
-    "MODELS",
-    "BasicBlock",
-    "ImportSpecError",
-    "ModelError",
-    "build_model",
-    "cnn1d",
-    "gpt_tiny",
-    "import_object",
-    "large",
-    "mlp",
-    "resnet",
-]
+__all__ = ["MODELS", "ImportSpecError", "ModelError", "build_model", "cnn1d", "mlp", "resnet"]

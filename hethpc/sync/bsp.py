@@ -27,8 +27,7 @@ class BSP(SyncPolicy):
         overlap: allreduce the gradients in buckets while the backward pass runs
             (:class:`~hethpc.sync.overlap.GradientBuckets`); call :meth:`before_backward` with
             the step's weight before each ``loss.backward()``. Off (default): one allreduce
-            after the backward pass, which the 2-core benchmark host runs faster
-            (``benchmarks/bench_overhead.py``).
+            after the backward pass (``docs/training-job.md`` compares the two).
         bucket_bytes: target bytes per bucket with ``overlap``.
     """
 

@@ -1,6 +1,6 @@
 """The abstract sync policy: a local optimizer step plus a rule for when and what to average.
 
-About 350 lines, one class: the template step every policy shares, with the counters, summary
+One class: the template step every policy shares, with the counters, summary
 and resumable state it keeps; the communication is in ``agreement`` and ``averaging``.
 """
 

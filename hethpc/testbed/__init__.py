@@ -6,19 +6,11 @@ quotas; ``mpirun`` (and SLURM) launch across them as across real nodes. See ``do
 
 from __future__ import annotations
 
-from hethpc.testbed.bed import Testbed, reap_stale, running
+from hethpc.testbed.bed import Testbed
 from hethpc.testbed.errors import SpecError, TestbedError
-from hethpc.testbed.kernel import missing
-from hethpc.testbed.spec import NodeSpec, load_nodes, parse_rate
+from hethpc.testbed.spec import NodeSpec, load_nodes
 
-__all__ = [
-    "NodeSpec",
-    "SpecError",
-    "Testbed",
-    "TestbedError",
-    "load_nodes",
-    "missing",
-    "parse_rate",
-    "reap_stale",
-    "running",
-]
+__all__ = ["NodeSpec", "SpecError", "Testbed", "TestbedError", "load_nodes"]
+
+# Not public: the command (hethpc-testbed) imports it from here.
+from hethpc.testbed.bed import running  # noqa: F401

@@ -12,7 +12,8 @@ from torch import nn
 from hethpc import comm
 from hethpc.batching import BatchController
 from hethpc.comm import ReduceOp
-from hethpc.data import ArrayDataset, Injector, Loader, Rebalancer, ShardedDataset
+from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset
+from hethpc.data.balance import Rebalancer
 from hethpc.sync import SyncPolicy
 from hethpc.train import parts
 from hethpc.train.build import make_optimizer

@@ -12,15 +12,10 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.data import (
-    ArrayDataset,
-    DatasetError,
-    ShardedDataset,
-    load_mnist1d,
-    open_dataset_shared,
-)
+from hethpc.data import ArrayDataset, DatasetError, ShardedDataset, load_mnist1d
 from hethpc.data.manifest import MANIFEST_NAME
 from hethpc.data.sharded import split_dirs
+from hethpc.data.shared import open_dataset_shared
 from hethpc.data.transform import to_inputs
 from hethpc.models import ModelError, build_model
 from hethpc.train.config import TrainConfig

@@ -130,8 +130,8 @@ class TrainConfig:
     overlap: bool = _f(
         False,
         "BSP: allreduce the gradients in 25 MB buckets while the backward pass runs (as "
-        "Horovod and DDP do); off: one allreduce after it, faster on the 2-core benchmark host "
-        "(benchmarks/bench_overhead.py); try it on nodes with cores to spare",
+        "Horovod and DDP do; the overlap needs cores to spare); off: one allreduce after it "
+        "(docs/training-job.md)",
     )
     fedavg_period: int = _f(10, "FedAvg: steps between parameter averages")
     inner_steps: str = _f(
@@ -180,9 +180,8 @@ class TrainConfig:
     transport: str = _f(
         "auto",
         "what carries the tensor collectives: mpi (mpi4py alone, Horovod not started: an "
-        "allreduce costs what MPI takes instead of waiting for Horovod's ~1 ms cycle; the "
-        "job's BSP epoch on the small CNN 0.56x a plain Horovod loop's, against 1.31x through "
-        "Horovod), horovod (fused allreduces in its background thread; NCCL on GPUs), or "
+        "allreduce costs what MPI takes instead of waiting for Horovod's background cycle), "
+        "horovod (fused allreduces in its background thread; NCCL on GPUs), or "
         "auto: horovod when a rank sees a GPU and Horovod is installed, else mpi "
         "(docs/launching.md)",
         choices=TRANSPORTS,
@@ -231,8 +230,8 @@ class TrainConfig:
     schedule: str = _f(
         "1f1b",
         "pipeline schedule: 1f1b, gpipe, zb (ZB-H1: 1F1B with split backwards filling the "
-        "bubble) or zbv (ZB-V: the model in 2P chunks, two per stage in a V; the fastest on "
-        "bench_pipeline's model; the loss is on stage 0)",
+        "bubble) or zbv (ZB-V: the model in 2P chunks, two per stage in a V; the loss is on "
+        "stage 0) (docs/pipeline.md)",
         choices=("1f1b", "gpipe", "zb", "zbv"),
     )
     # Reliability and output

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hethpc.sync import Traits, policy_class
+from hethpc.sync.factory import policy_class
+from hethpc.sync.traits import Traits
 
 if TYPE_CHECKING:
     from hethpc.train.config import TrainConfig

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
-from hethpc.sync import policy_class
+from hethpc.sync.factory import policy_class
 from hethpc.train.config_policy import policy_named, policy_traits
 from hethpc.train.errors import ConfigError
 

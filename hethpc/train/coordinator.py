@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.batching import CpuShare
-from hethpc.sync import SyncRecord
+from hethpc.batching.busy import CpuShare
+from hethpc.sync.records import SyncRecord
 from hethpc.train import parts
 from hethpc.train.config import ConfigError
 from hethpc.train.config_sources import did_you_mean, make_config

@@ -18,10 +18,14 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
-from hethpc.data import ArrayDataset, to_inputs, to_targets
-from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
+from hethpc.data import ArrayDataset
+from hethpc.data.transform import to_inputs, to_targets
+from hethpc.pipeline import Pipeline
+from hethpc.pipeline.balance import partition_by_params
+from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
-from hethpc.sync import POLICIES, policy_class
+from hethpc.sync import POLICIES
+from hethpc.sync.factory import policy_class
 from hethpc.train.config import ConfigError, TrainConfig
 from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
@@ -133,7 +137,6 @@ class DataParallel:
         self.group: Group | None = None  # the world
         self.replica, self.replicas = comm.rank(), comm.size()
         self.replica_leaders = list(range(comm.size()))  # a world rank of each replica
-        self.computes_loss = True
         self.loss_rank = 0  # the rank whose losses the summary reports
         self.collective_eval = False
         self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
@@ -154,7 +157,7 @@ class DataParallel:
 
     def control_time(self, own_s: float, compute_s: float) -> float:
         """The time the batch controller follows: on a CPU, the forward and backward's CPU
-        time at the CPU share the rank gets (:class:`~hethpc.batching.CpuShare`, which sees a
+        time at the CPU share the rank gets (:class:`~hethpc.batching.busy.CpuShare`, which sees a
         CPU quota's stalls wherever they fall); on a GPU the timed compute."""
         return compute_s if self.device.type == "cuda" else own_s
 
@@ -231,7 +234,6 @@ class PipelineStage:
         self.group = groups.dp_group or Group((comm.rank(),), 0)
         self.replica, self.replicas = lay.replica, lay.replicas
         self.replica_leaders = [d * lay.stages for d in range(lay.replicas)]
-        self.computes_loss = self.pipe.is_last
         # the world rank of replica 0's last chunk: its last stage, or in a V its first
         self.loss_rank = self.pipe.placement[-1]
         self.collective_eval = True

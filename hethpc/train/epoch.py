@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from hethpc import comm
 from hethpc.data import ArrayDataset
-from hethpc.sync import average_model_
+from hethpc.sync.averaging import average_model_
 from hethpc.train.assembly import RunParts
 from hethpc.train.config import TrainConfig
 from hethpc.train.evaluation import Metric, evaluate

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hethpc.data import ArrayDataset, to_inputs, to_targets
+from hethpc.data import ArrayDataset
+from hethpc.data.transform import to_inputs, to_targets
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -34,8 +35,8 @@ def evaluate(
 ) -> float:
     """``metric`` of ``model`` on all of ``data`` (batch means weighted by batch size).
 
-    Samples go through :func:`~hethpc.data.to_inputs`, as in training (uint8 scaled to [0, 1]).
-    ``tick`` is called after every batch.
+    Samples go through :func:`~hethpc.data.transform.to_inputs`, as in training (uint8 scaled
+    to [0, 1]). ``tick`` is called after every batch.
     """
     model.eval()
     total = 0.0

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.data import ArrayDataset, ShardedDataset, holdout
+from hethpc.data import ArrayDataset, ShardedDataset
+from hethpc.data.holdout import holdout
 from hethpc.train import parts
 from hethpc.train.assembly import assemble
 from hethpc.train.build import build, check_outputs, load_data

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hethpc.models import ImportSpecError, import_object
+from hethpc.models import ImportSpecError
+from hethpc.models.factory import import_object
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -13,22 +13,16 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.batching import (
-    BatchController,
-    ControlSettings,
-    SlowdownSchedule,
-    default_min_batch,
-)
+from hethpc.batching import BatchController, ControlSettings
+from hethpc.batching.allocation import default_min_batch
+from hethpc.batching.slowdown import SlowdownSchedule
 from hethpc.comm import Group
-from hethpc.data import (
-    ArrayDataset,
-    Injector,
-    Loader,
-    Rebalancer,
-    ShardedDataset,
-    make_partitioner,
-)
-from hethpc.sync import DriftCorrection, OuterOptimizer, SyncPolicy, policy_class
+from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
+from hethpc.data.balance import Rebalancer
+from hethpc.sync import SyncPolicy
+from hethpc.sync.drift import DriftCorrection
+from hethpc.sync.factory import policy_class
+from hethpc.sync.outer import OuterOptimizer
 from hethpc.train.config import TrainConfig
 from hethpc.train.config_policy import (
     averages_optimizer_state,
@@ -108,7 +102,7 @@ def gradient_weight(
     (non-IID) modes a rank's mean gradient stands for its own partition: weighting it by batch
     share would let the rank with the larger batch (the fast one, under dynamic batching) pull
     the model toward its own labels, so the weight is the partition's share of the data;
-    unless the batches are rebalanced (:class:`~hethpc.data.Rebalancer`): the global batch
+    unless the batches are rebalanced (:class:`~hethpc.data.balance.Rebalancer`): the global batch
     then draws from each partition in proportion, and ``b_k / B`` is exact again.
 
     Args:

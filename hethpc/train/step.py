@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from hethpc import comm
-from hethpc.batching import CpuShare
-from hethpc.sync import SyncRecord
+from hethpc.batching.busy import CpuShare
+from hethpc.sync.records import SyncRecord
 from hethpc.train import parts
 from hethpc.train.assembly import RunParts
 from hethpc.train.config import TrainConfig

@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.batching import BatchController, BatchingError, allocate, weighted_gradient_allreduce
+from hethpc.batching import (
+    BatchController,
+    BatchingError,
+    ControlSettings,
+    weighted_gradient_allreduce,
+)
+from hethpc.batching.allocation import allocate
 
 
 def _time(rank: int, b: int, step: int, change_at: int = 10**9) -> float:
@@ -23,7 +29,7 @@ def _time(rank: int, b: int, step: int, change_at: int = 10**9) -> float:
 def test_sizes_follow_times_and_agree_on_every_rank() -> None:
     r, n = comm.rank(), comm.size()
     B = 12 * n
-    c = BatchController(B, interval=4)
+    c = BatchController(B, settings=ControlSettings(interval=4))
     assert c.batch_sizes.tolist() == allocate(B, [1] * n).tolist()
     for step in range(24):
         c.update(step=step, compute_s=_time(r, c.local_batch, step, change_at=12))
@@ -50,8 +56,9 @@ def test_static_and_uniform_never_change() -> None:
     r, n = comm.rank(), comm.size()
     B = 10 * n
     weights = [float(k + 1) for k in range(n)]
-    static = BatchController(B, mode="static", weights=weights, interval=2)
-    uniform = BatchController(B, mode="uniform", interval=2)
+    every_2 = ControlSettings(interval=2)
+    static = BatchController(B, mode="static", weights=weights, settings=every_2)
+    uniform = BatchController(B, mode="uniform", settings=every_2)
     for step in range(6):
         static.update(step=step, compute_s=_time(r, static.local_batch, step))
         uniform.update(step=step, compute_s=_time(r, uniform.local_batch, step))
@@ -61,7 +68,7 @@ def test_static_and_uniform_never_change() -> None:
 
 def test_invalid_time_on_one_rank_keeps_sizes_on_every_rank() -> None:
     r, n = comm.rank(), comm.size()
-    c = BatchController(8 * n, interval=3)
+    c = BatchController(8 * n, settings=ControlSettings(interval=3))
     before = c.batch_sizes.tolist()
     for step in range(3):
         c.update(step=step, compute_s=math.nan if r == n - 1 else _time(r, c.local_batch, step))
@@ -75,7 +82,7 @@ def test_settings_that_differ_between_ranks_raise_on_every_rank() -> None:
     if n == 1:
         pytest.skip("needs two ranks")
     with pytest.raises(BatchingError, match=r"settings differ between ranks: rank\(s\)"):
-        BatchController(8 * n, interval=10 + (r == n - 1))
+        BatchController(8 * n, settings=ControlSettings(interval=10 + (r == n - 1)))
 
 
 def test_slowdown_naming_a_missing_rank_raises_on_every_rank() -> None:
@@ -87,7 +94,7 @@ def test_slowdown_naming_a_missing_rank_raises_on_every_rank() -> None:
 def test_group_ranks_order_sizes() -> None:
     n = comm.size()
     group = comm.new_group(list(reversed(range(n))))
-    c = BatchController(6 * n, interval=2, group=group)
+    c = BatchController(6 * n, settings=ControlSettings(interval=2), group=group)
     for step in range(2):
         c.update(step=step, compute_s=_time(group.rank, c.local_batch, step))
     assert c.local_batch == int(c.batch_sizes[group.rank])
@@ -117,7 +124,7 @@ def test_training_with_changing_sizes_equals_one_process_training() -> None:
     loss_fn = nn.CrossEntropyLoss()
     ref = new_model()
     model = new_model()
-    c = BatchController(B, interval=3)
+    c = BatchController(B, settings=ControlSettings(interval=3))
     seen_sizes = set()
     for step in range(steps):
         idx = perm[step * B : (step + 1) * B]

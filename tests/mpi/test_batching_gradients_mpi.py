@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.batching import WeightError, allocate, weighted_gradient_allreduce
+from hethpc.batching import weighted_gradient_allreduce
+from hethpc.batching.allocation import allocate
+from hethpc.batching.gradients import WeightError
 
 B = 30
 

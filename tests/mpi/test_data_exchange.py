@@ -9,19 +9,10 @@ import pytest
 import torch
 
 from hethpc import comm
-from hethpc.data import (
-    ArrayDataset,
-    Injector,
-    LabelSkewPartitioner,
-    Loader,
-    Rebalancer,
-    open_dataset,
-    proportional_shares,
-    senders,
-    share_size,
-    transfer_plan,
-    write_dataset,
-)
+from hethpc.data import ArrayDataset, Injector, Loader, open_dataset, write_dataset
+from hethpc.data.balance import Rebalancer, proportional_shares, transfer_plan
+from hethpc.data.injection import senders, share_size
+from hethpc.data.partition import LabelSkewPartitioner
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from hethpc import comm
-from hethpc.data import DatasetError, ShardError, open_dataset_shared, write_dataset
+from hethpc.data import DatasetError, ShardError, write_dataset
 from hethpc.data import verify as verify_module
+from hethpc.data.shared import open_dataset_shared
 
 
 @pytest.fixture(scope="module")

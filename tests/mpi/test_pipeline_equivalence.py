@@ -11,14 +11,9 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import (
-    ActivationMeter,
-    Pipeline,
-    PipelineError,
-    PipelineGroups,
-    build_pipeline,
-    make_pipeline_groups,
-)
+from hethpc.pipeline import Pipeline, PipelineError, build_pipeline
+from hethpc.pipeline.groups import PipelineGroups, make_pipeline_groups
+from hethpc.pipeline.memory import ActivationMeter
 from hethpc.pipeline.schedule import peak_in_flight
 
 WIDTH = 12

@@ -11,17 +11,9 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.sync import (
-    BSP,
-    FedAvg,
-    LocalOnly,
-    SelSync,
-    SyncError,
-    SyncPolicy,
-    agree,
-    average_gradients_,
-    average_model_,
-)
+from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError, SyncPolicy
+from hethpc.sync.agreement import agree
+from hethpc.sync.averaging import average_gradients_, average_model_
 
 
 @pytest.fixture(scope="module")

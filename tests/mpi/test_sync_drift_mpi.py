@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.sync import DriftCorrection, FedAvg, SelSync, SyncPolicy
+from hethpc.sync import FedAvg, SelSync, SyncPolicy
+from hethpc.sync.drift import DriftCorrection
 
 
 def _run(policy: SyncPolicy) -> tuple[float, float, float]:

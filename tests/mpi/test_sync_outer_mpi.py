@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.sync import FedAvg, LocalOnly, OuterOptimizer, SelSync, SyncPolicy, outer_update
+from hethpc.sync import FedAvg, LocalOnly, SelSync, SyncPolicy
+from hethpc.sync.outer import OuterOptimizer, outer_update
 
 
 def _model() -> nn.Module:

@@ -10,7 +10,7 @@ from hethpc.data.partition.dirichlet import DirichletPartitioner
 from hethpc.data.partition.iid import IIDPartitioner
 from hethpc.data.partition.label_skew import LabelSkewPartitioner
 from hethpc.data.partition.seldp import SelDPPartitioner
-from hethpc.data.partition.site import SitePartitioner, assign_sites
+from hethpc.data.partition.site import SitePartitioner
 
 PARTITIONERS: dict[str, type[Partitioner]] = {
     "iid": IIDPartitioner,
@@ -43,14 +43,4 @@ def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
         raise PartitionError(f"partitioner {name!r} does not take {sorted(kwargs)}: {e}") from e
 
 
-__all__ = [
-    "PARTITIONERS",
-    "DirichletPartitioner",
-    "IIDPartitioner",
-    "LabelSkewPartitioner",
-    "Partitioner",
-    "SelDPPartitioner",
-    "SitePartitioner",
-    "assign_sites",
-    "make_partitioner",
-]
+__all__ = ["PARTITIONERS", "Partitioner", "make_partitioner"]

@@ -10,41 +10,14 @@ length before anything is allocated.
 from __future__ import annotations
 
 from hethpc.data.errors import SourceError
-from hethpc.data.sources.cifar import cifar_pieces, read_cifar
-from hethpc.data.sources.idx import idx_pieces, read_idx, read_idx_pair
-from hethpc.data.sources.npy import npy_pieces, npz_pieces, read_npy, read_npy_pair, read_npz
-from hethpc.data.sources.pieces import PIECE, Pieces, holdout, pieces_of
-from hethpc.data.sources.synthetic import synthetic_pieces
-from hethpc.data.sources.text import (
-    TextCorpus,
-    holdout_files,
-    read_corpus,
-    site_name,
-    text_pieces,
-    windows,
-)
+from hethpc.data.sources.pieces import pieces_of
 
-__all__ = [
-    "PIECE",
-    "Pieces",
-    "SourceError",
-    "TextCorpus",
-    "cifar_pieces",
-    "holdout",
-    "holdout_files",
-    "idx_pieces",
-    "npy_pieces",
-    "npz_pieces",
-    "pieces_of",
-    "read_cifar",
-    "read_idx",
-    "read_idx_pair",
-    "read_npy",
-    "read_npy_pair",
-    "read_npz",
-    "read_corpus",
-    "site_name",
-    "synthetic_pieces",
-    "text_pieces",
-    "windows",
-]
+__all__ = ["SourceError", "pieces_of"]
+
+# Not public: the readers the converters (hethpc-convert) call as ``sources.<reader>``.
+from hethpc.data.sources.cifar import cifar_pieces, read_cifar  # noqa: F401
+from hethpc.data.sources.idx import idx_pieces, read_idx, read_idx_pair  # noqa: F401
+from hethpc.data.sources.npy import npy_pieces, npz_pieces, read_npy, read_npy_pair, read_npz  # noqa: F401
+from hethpc.data.sources.pieces import PIECE, Pieces, holdout  # noqa: F401
+from hethpc.data.sources.synthetic import synthetic_pieces  # noqa: F401
+from hethpc.data.sources.text import holdout_files, read_corpus, text_pieces  # noqa: F401

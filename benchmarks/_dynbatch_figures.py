@@ -1,5 +1,5 @@
 """Figures of a dynamic-batching run judged in hindsight (``benchmarks/bench_dynbatch.py``),
-beside the simulator whose :class:`~hethpc.batching.simulate.SimResult` they reuse: plain
+beside the simulator whose :class:`~_dynbatch_simulate.SimResult` they reuse: plain
 functions of the run's per-rank logs ``[(step, batch, compute seconds), ...]`` and decisions.
 
 The benchmark's three runs: 1. uniform batches, 2. dynamic batching (same slowdown, seed and
@@ -40,9 +40,9 @@ import statistics
 from typing import Any
 
 import numpy as np
+from _dynbatch_simulate import PhaseFigures, SimResult
 
 from hethpc.batching.decision import Adjustment
-from hethpc.batching.simulate import PhaseFigures, SimResult
 
 
 def throughput(log: list[tuple[int, int, float]]) -> float:
