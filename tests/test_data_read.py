@@ -21,7 +21,7 @@ from hethpc.data import (
     split_shards,
     write_dataset,
 )
-from hethpc.train.build import data_root
+from hethpc.train.parts.build import data_root
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial
 

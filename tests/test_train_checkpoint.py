@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hethpc.train import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.checkpoint import decode, encode
+from hethpc.train.keep.checkpoint import decode, encode
 
 
 def _state(step: int) -> dict:

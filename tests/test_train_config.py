@@ -10,7 +10,7 @@ import pytest
 from hethpc.cli import flag_hint
 from hethpc.cli import train as train_job
 from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml, resume_differences
-from hethpc.train.parts import make_controller
+from hethpc.train.parts.capabilities import make_controller
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from hethpc.train import Fault, MetricsWriter, local_nonfinite, model_signature, read_metrics
-from hethpc.train.guards import AveragedGradientGuard, describe_mismatch, poison_if_nonfinite_
-from hethpc.train.summary import format_summary
+from hethpc.train.report.summary import format_summary
+from hethpc.train.watch.guards import AveragedGradientGuard, describe_mismatch, poison_if_nonfinite_
 
 
 def _sig(model: nn.Module) -> list:

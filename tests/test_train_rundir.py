@@ -9,7 +9,7 @@ import pytest
 
 from hethpc.cli import train as train_job
 from hethpc.train import RunDirError, is_run_dir, next_run_dir
-from hethpc.train.rundir import MARKER, claim
+from hethpc.train.keep.rundir import MARKER, claim
 
 USER_FILES = {
     "config.json": b'{"mine": true}\n',

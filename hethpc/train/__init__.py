@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-from hethpc.train.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
-from hethpc.train.config import (
+from hethpc.train.coordinator import Coordinator
+from hethpc.train.errors import ModelMismatchError, NonFiniteError, TrainingInterrupted
+from hethpc.train.evaluation import accuracy, evaluate
+from hethpc.train.fit import fit
+from hethpc.train.keep.checkpoint import CheckpointError, CheckpointManager, CheckpointWarning
+from hethpc.train.keep.rng import get_rng_state, seed_rank, set_rng_state
+from hethpc.train.keep.rundir import RunDirError, is_run_dir, next_run_dir
+from hethpc.train.losses import LOSSES, make_loss
+from hethpc.train.parts.device import pick_device, this_device
+from hethpc.train.report.metrics import MetricsWriter, read_metrics
+from hethpc.train.report.summary import format_summary, time_to_target
+from hethpc.train.run.loop import RunResult, train
+from hethpc.train.settings.compare import check_same_config, resume_differences
+from hethpc.train.settings.config import (
     ConfigError,
     TrainConfig,
     config_fields,
     config_sections,
     config_tables,
 )
-from hethpc.train.config_compare import check_same_config, resume_differences
-from hethpc.train.config_doc import settings_markdown
-from hethpc.train.config_sources import load_toml, make_config, toml_sources
-from hethpc.train.coordinator import Coordinator
-from hethpc.train.device import pick_device, this_device
-from hethpc.train.errors import ModelMismatchError, NonFiniteError, TrainingInterrupted
-from hethpc.train.evaluation import accuracy, evaluate
-from hethpc.train.faults import Fault
-from hethpc.train.fit import fit
-from hethpc.train.guards import (
+from hethpc.train.settings.doc import settings_markdown
+from hethpc.train.settings.sources import load_toml, make_config, toml_sources
+from hethpc.train.watch.faults import Fault
+from hethpc.train.watch.guards import (
     check_same_model,
     local_nonfinite,
     model_signature,
     nonfinite_ranks,
 )
-from hethpc.train.loop import RunResult, train
-from hethpc.train.losses import LOSSES, make_loss
-from hethpc.train.metrics import MetricsWriter, read_metrics
-from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
-from hethpc.train.rundir import RunDirError, is_run_dir, next_run_dir
-from hethpc.train.summary import format_summary, time_to_target
-from hethpc.train.watchdog import Watchdog
+from hethpc.train.watch.watchdog import Watchdog
 
 __all__ = [
     "LOSSES",

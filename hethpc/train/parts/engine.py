@@ -1,6 +1,6 @@
 """Step engines: this rank's forward and backward, data-parallel or as one pipeline stage.
 
-The training loop (:mod:`hethpc.train.loop`) is the same for both: it reads batches, calls
+The training loop (:mod:`hethpc.train.run.loop`) is the same for both: it reads batches, calls
 :meth:`compute`, lets the sync policy step the optimizer over :attr:`module` within
 :attr:`group`, and evaluates, checkpoints and reports. An engine says where this rank sits:
 which replica's batch it reads (:attr:`replica` of :attr:`replicas`), which ranks hold the
@@ -22,9 +22,9 @@ from hethpc.data import ArrayDataset, to_inputs, to_targets
 from hethpc.pipeline import Pipeline, make_pipeline_groups, partition_by_params
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.sync import POLICIES, policy_class
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
+from hethpc.train.parts.device import this_device
+from hethpc.train.settings.config import ConfigError, TrainConfig
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
