@@ -49,9 +49,9 @@ lint: setup
 	$(PY) -m ruff check hethpc jobs data_tools benchmarks tests
 	$(PY) -m mypy
 
-## docs/settings.md, the reference of every setting, from hethpc/train/config.py.
+## docs/settings.md, the reference of every setting, from hethpc/train/settings/config.py.
 docs: setup
-	$(PY) -c "from hethpc.train.config_doc import settings_markdown as m; print(m(), end='')" \
+	$(PY) -c "from hethpc.train.settings.doc import settings_markdown as m; print(m(), end='')" \
 	    > docs/settings.md
 
 clean:

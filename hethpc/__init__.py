@@ -16,18 +16,18 @@ __version__ = "0.1.0"
 __all__ = ["ConfigError", "Coordinator", "RunResult", "TrainConfig", "__version__", "fit"]
 
 _LAZY = {
-    "ConfigError": "hethpc.train.config",
+    "ConfigError": "hethpc.train.settings.config",
     "Coordinator": "hethpc.train.coordinator",
-    "RunResult": "hethpc.train.loop",
-    "TrainConfig": "hethpc.train.config",
+    "RunResult": "hethpc.train.run.loop",
+    "TrainConfig": "hethpc.train.settings.config",
     "fit": "hethpc.train.fit",
 }
 
 if TYPE_CHECKING:
-    from hethpc.train.config import ConfigError, TrainConfig
     from hethpc.train.coordinator import Coordinator
     from hethpc.train.fit import fit
-    from hethpc.train.loop import RunResult
+    from hethpc.train.run.loop import RunResult
+    from hethpc.train.settings.config import ConfigError, TrainConfig
 
 
 def __getattr__(name: str) -> Any:

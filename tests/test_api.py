@@ -15,9 +15,9 @@ from hethpc.cli import train as train_job
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError, ModelError, build_model
 from hethpc.train import TrainConfig
-from hethpc.train.build import build
 from hethpc.train.evaluation import evaluate
 from hethpc.train.losses import make_loss
+from hethpc.train.parts.build import build
 
 
 def _blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

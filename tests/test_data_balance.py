@@ -7,8 +7,9 @@ import pytest
 
 from hethpc.data.balance import proportional_shares, transfer_plan
 from hethpc.train import TrainConfig
-from hethpc.train.config import ConfigError
-from hethpc.train.parts import gradient_weight, make_rebalancer
+from hethpc.train.parts.capabilities import make_rebalancer
+from hethpc.train.run.shares import gradient_weight
+from hethpc.train.settings.config import ConfigError
 
 
 def test_shares_follow_the_partition_sizes_and_sum_to_the_batch() -> None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import hethpc.train.loop
+import hethpc.train.run.loop
 from hethpc import testbed  # the module: pytest would try to collect a class named Test*
 from hethpc.data.holdout import holdout
 from hethpc.testbed.kernel import missing
@@ -114,7 +114,7 @@ def test_peer_holds_out_the_validation_split_hethpc_holds_out(
         held.append(holdout(*args, **kw))
         return held[-1]
 
-    monkeypatch.setattr(hethpc.train.loop, "holdout", spy)
+    monkeypatch.setattr(hethpc.train.run.loop, "holdout", spy)
     cfg = TrainConfig(model="mlp", samples=2000, epochs=1, max_steps=1, val_fraction=0.2,
                       data_seed=7, run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
     train(cfg, log=lambda _m: None)

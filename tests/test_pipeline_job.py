@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.engine import check_pipeline_config, check_stage_parameters, model_chunks
+from hethpc.train.parts.engine import check_pipeline_config, check_stage_parameters, model_chunks
+from hethpc.train.settings.config import ConfigError, TrainConfig
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb", "zbv"])

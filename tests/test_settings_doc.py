@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hethpc.train import config_fields, config_sections
-from hethpc.train.config_doc import settings_markdown
+from hethpc.train.settings.doc import settings_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

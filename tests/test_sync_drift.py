@@ -8,8 +8,8 @@ import torch
 from hethpc.sync import BSP, SelSync
 from hethpc.sync.drift import DriftCorrection, correction
 from hethpc.train import TrainConfig
-from hethpc.train.config import ConfigError
-from hethpc.train.parts import drift_correction, make_policy
+from hethpc.train.parts.capabilities import drift_correction, make_policy
+from hethpc.train.settings.config import ConfigError
 
 
 def _t(*v: float) -> torch.Tensor:

@@ -9,9 +9,9 @@ from torch import nn
 
 from hethpc.sync import SelSync
 from hethpc.sync.state_average import StateAverage
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.config_policy import averages_optimizer_state
-from hethpc.train.parts import make_policy
+from hethpc.train.parts.capabilities import make_policy
+from hethpc.train.settings.config import ConfigError, TrainConfig
+from hethpc.train.settings.policy import averages_optimizer_state
 
 # DiLoCo-like: ranks take local steps sized by their speed, different numbers between averages.
 SPEED = {"sync": "fedavg", "partition": "labels", "inner_steps": "speed", "batching": "dynamic"}

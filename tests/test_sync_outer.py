@@ -11,8 +11,8 @@ from torch import nn
 from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError
 from hethpc.sync.outer import OuterOptimizer, outer_update
 from hethpc.train import TrainConfig
-from hethpc.train.config import ConfigError
-from hethpc.train.engine import check_pipeline_config
+from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.settings.config import ConfigError
 
 
 def _t(*v: float) -> torch.Tensor:
@@ -211,7 +211,7 @@ def test_pipeline_stages_refuse_an_outer_optimizer() -> None:
 def test_speed_sized_local_steps(sizes: list[int], replica: int, want: list[int]) -> None:
     import numpy as np
 
-    from hethpc.train.parts import inner_step_sizes
+    from hethpc.train.run.shares import inner_step_sizes
 
     assert inner_step_sizes(np.array(sizes), replica) == want
 

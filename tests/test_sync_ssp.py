@@ -8,8 +8,8 @@ from torch import nn
 
 from hethpc.sync import SSP, make_policy
 from hethpc.train import TrainConfig
-from hethpc.train.config import ConfigError
-from hethpc.train.engine import check_pipeline_config
+from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.settings.config import ConfigError
 
 
 def _model() -> nn.Module:

@@ -17,9 +17,9 @@ from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.factory import policy_class
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.traits import Traits
-from hethpc.train.config import TrainConfig, config_fields
-from hethpc.train.config_policy import policy_settings, policy_traits
-from hethpc.train.parts import make_policy
+from hethpc.train.parts.capabilities import make_policy
+from hethpc.train.settings.config import TrainConfig, config_fields
+from hethpc.train.settings.policy import policy_settings, policy_traits
 
 # Every policy, and SelSync in both aggregations: the settings that change traits.
 VARIANTS = [

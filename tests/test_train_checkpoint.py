@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hethpc.train import CheckpointError
-from hethpc.train.checkpoint import CheckpointManager, CheckpointWarning, decode, encode
+from hethpc.train.keep.checkpoint import CheckpointManager, CheckpointWarning, decode, encode
 
 
 def _state(step: int) -> dict:

@@ -10,8 +10,8 @@ import pytest
 from hethpc.cli import flag_hint
 from hethpc.cli import train as train_job
 from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml
-from hethpc.train.config_compare import resume_differences
-from hethpc.train.parts import make_controller
+from hethpc.train.parts.capabilities import make_controller
+from hethpc.train.settings.compare import resume_differences
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hethpc.train import ConfigError
-from hethpc.train.device import pick_device
+from hethpc.train.parts.device import pick_device
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,15 +10,15 @@ import torch
 from torch import nn
 
 from hethpc.train import Fault, read_metrics
-from hethpc.train.guards import (
+from hethpc.train.report.metrics import MetricsWriter
+from hethpc.train.report.summary import format_summary
+from hethpc.train.watch.guards import (
     AveragedGradientGuard,
     describe_mismatch,
     local_nonfinite,
     model_signature,
     poison_if_nonfinite_,
 )
-from hethpc.train.metrics import MetricsWriter
-from hethpc.train.summary import format_summary
 
 
 def _sig(model: nn.Module) -> list:

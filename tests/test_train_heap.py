@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from hethpc.train.loop import frozen_heap
+from hethpc.train.run.loop import frozen_heap
 
 
 def test_frozen_while_inside_and_unfrozen_after() -> None:

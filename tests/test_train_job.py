@@ -20,7 +20,7 @@ import torch
 
 from hethpc.cli.train import resume_command
 from hethpc.train import read_metrics
-from hethpc.train.checkpoint import CheckpointManager
+from hethpc.train.keep.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = ROOT / "scripts" / "mpirun.sh"

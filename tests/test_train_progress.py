@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from hethpc.train.progress import Progress, plain_line
+from hethpc.train.report.progress import Progress, plain_line
 
 
 def test_plain_line_shows_the_step_fraction_fields_and_time_left() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hethpc.cli import train as train_job
-from hethpc.train.rundir import MARKER, RunDirError, claim, is_run_dir, next_run_dir
+from hethpc.train.keep.rundir import MARKER, RunDirError, claim, is_run_dir, next_run_dir
 
 USER_FILES = {
     "config.json": b'{"mine": true}\n',

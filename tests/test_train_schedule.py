@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hethpc.train.build import make_optimizer, wsd_factor
-from hethpc.train.config import TrainConfig
+from hethpc.train.parts.build import make_optimizer, wsd_factor
+from hethpc.train.settings.config import TrainConfig
 
 
 @pytest.mark.parametrize(

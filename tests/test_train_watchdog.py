@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.train.watchdog import Peer, culprits, stall_limit
+from hethpc.train.watch.watchdog import Peer, culprits, stall_limit
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hethpc.train.parts import gradient_weight
+from hethpc.train.run.shares import gradient_weight
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from torch import nn
 from hethpc import comm
 from hethpc.batching.busy import CpuShare
 from hethpc.sync.records import SyncRecord
-from hethpc.train import parts
-from hethpc.train.config import ConfigError
-from hethpc.train.config_sources import did_you_mean, make_config
-from hethpc.train.guards import check_same_model, local_nonfinite, nonfinite_ranks
+from hethpc.train.parts.capabilities import finish_policy, make_controller, make_policy
+from hethpc.train.settings.config import ConfigError
+from hethpc.train.settings.sources import did_you_mean, make_config
+from hethpc.train.watch.guards import check_same_model, local_nonfinite, nonfinite_ranks
 
 
 class Coordinator:
@@ -104,10 +104,10 @@ class Coordinator:
         check_same_model(model)
         if broadcast:
             comm.broadcast_model(model)
-        self.controller = parts.make_controller(
+        self.controller = make_controller(
             self.config, device=torch.device(device) if device is not None else None
         )
-        self.policy = parts.make_policy(self.config)
+        self.policy = make_policy(self.config)
         self.steps = 0
         self.skipped = 0
         self._t0 = math.nan
@@ -176,7 +176,7 @@ class Coordinator:
 
     def finish(self) -> None:
         """Average replicas that diverged (SelSync, FedAvg, local); a no-op under BSP."""
-        parts.finish_policy(self.policy, self.model)
+        finish_policy(self.policy, self.model)
 
     def state_dict(self) -> dict[str, Any]:
         """The batch sizes, the policy's trackers and the step count, for a checkpoint."""

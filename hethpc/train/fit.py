@@ -13,14 +13,14 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
 from hethpc.models import ImportSpecError
-from hethpc.train.build import check_outputs, sample_shape
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.config_policy import label_skewed
-from hethpc.train.config_sources import make_config
 from hethpc.train.evaluation import Metric, accuracy
-from hethpc.train.loop import RunResult, run_training
 from hethpc.train.losses import LOSSES, Loss, make_loss, mse, same_shape
-from hethpc.train.start import start_run
+from hethpc.train.parts.build import check_outputs, sample_shape
+from hethpc.train.run.loop import RunResult, run_training
+from hethpc.train.run.start import start_run
+from hethpc.train.settings.config import ConfigError, TrainConfig
+from hethpc.train.settings.policy import label_skewed
+from hethpc.train.settings.sources import make_config
 
 
 def _regression(data: Any) -> bool:

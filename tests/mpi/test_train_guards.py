@@ -13,9 +13,9 @@ from torch import nn
 from hethpc import comm
 from hethpc.sync import make_policy
 from hethpc.train import ConfigError, TrainConfig
-from hethpc.train.config_compare import check_same_config
 from hethpc.train.errors import ModelMismatchError
-from hethpc.train.guards import check_same_model, nonfinite_ranks
+from hethpc.train.settings.compare import check_same_config
+from hethpc.train.watch.guards import check_same_model, nonfinite_ranks
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,18 @@ from hethpc.comm import ReduceOp
 from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset
 from hethpc.data.balance import Rebalancer
 from hethpc.sync import SyncPolicy
-from hethpc.train import parts
-from hethpc.train.build import make_optimizer
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.engine import Engine, make_engine
-from hethpc.train.guards import check_same_model
-from hethpc.train.state import Components
+from hethpc.train.keep.state import Components
+from hethpc.train.parts.build import make_optimizer
+from hethpc.train.parts.capabilities import (
+    make_controller,
+    make_injector,
+    make_loader,
+    make_policy,
+    make_rebalancer,
+)
+from hethpc.train.parts.engine import Engine, make_engine
+from hethpc.train.settings.config import ConfigError, TrainConfig
+from hethpc.train.watch.guards import check_same_model
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ def assemble(
     module = engine.module
     if test_set is None and engine.collective_eval:
         raise ConfigError("pipeline runs need test data to evaluate (test_data)")
-    loader = parts.make_loader(
+    loader = make_loader(
         cfg, train_set, rank=engine.replica, world_size=engine.replicas, keep=keep
     )
     partition_lengths = (
@@ -89,12 +95,12 @@ def assemble(
         if cfg.partition in ("iid", "seldp")
         else np.asarray(comm.allgather_object(loader.length))[engine.replica_leaders]
     )
-    controller = parts.make_controller(
+    controller = make_controller(
         cfg, device=engine.device, group=engine.group, b_min=engine.min_batch
     )
-    policy = parts.make_policy(cfg, group=engine.group)
-    injector = parts.make_injector(cfg)
-    rebalancer = parts.make_rebalancer(cfg, partition_lengths)
+    policy = make_policy(cfg, group=engine.group)
+    injector = make_injector(cfg)
+    rebalancer = make_rebalancer(cfg, partition_lengths)
     spe = int(
         comm.allreduce_array(np.array([loader.steps_per_epoch(cfg.batch_size)]), ReduceOp.MIN)[0]
     )

@@ -2,7 +2,7 @@
 
 Every ``auto`` setting that depends on the policy is resolved here, by asking the policy's
 class (:mod:`hethpc.sync`) what it is, never by its name; the rules that refuse settings a
-policy cannot honour are in :mod:`~hethpc.train.config_rules`.
+policy cannot honour are in :mod:`~hethpc.train.settings.rules`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hethpc.sync.factory import policy_class
 from hethpc.sync.traits import Traits
 
 if TYPE_CHECKING:
-    from hethpc.train.config import TrainConfig
+    from hethpc.train.settings.config import TrainConfig
 
 # SelSync on label-skewed partitions: at most this many local steps between syncs (auto).
 # Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each), BSP 95.33 %:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from hethpc.train import stall_monitor
-from hethpc.train.stall_monitor import LAYOUT, PATIENT, PHASES, Peer, culprits, stall_limit
+from hethpc.train.watch import stall_monitor
+from hethpc.train.watch.stall_monitor import LAYOUT, PATIENT, PHASES, Peer, culprits, stall_limit
 
 __all__ = ["PATIENT", "Peer", "Watchdog", "culprits", "stall_limit"]
 
@@ -26,7 +26,7 @@ class Watchdog:
 
     The training loop calls :meth:`kick` at each progress point (``step``, ``phase``): a few
     bytes written to a shared file, no I/O. A monitor process
-    (:mod:`hethpc.train.stall_monitor`) reads them every ``tick_s``, writes this rank's
+    (:mod:`hethpc.train.watch.stall_monitor`) reads them every ``tick_s``, writes this rank's
     heartbeat (step, phase, seconds idle, whether the process is stopped) to
     ``heartbeat_dir/rank<k>.json``, and when this rank has been idle longer than the limit
     (:func:`stall_limit`: ``scale`` times the slowest gap between kicks, within

@@ -23,7 +23,7 @@ CSV_COLUMNS = (
 
 
 class Sink(Protocol):
-    """Takes the records a :class:`~hethpc.train.metrics.MetricsWriter` flushes."""
+    """Takes the records a :class:`~hethpc.train.report.metrics.MetricsWriter` flushes."""
 
     def write_many(self, records: list[dict[str, Any]]) -> None: ...
 

@@ -12,22 +12,22 @@ import torch
 from hethpc import comm
 from hethpc.batching.busy import CpuShare
 from hethpc.sync.records import SyncRecord
-from hethpc.train import parts
-from hethpc.train.assembly import RunParts
-from hethpc.train.config import TrainConfig
 from hethpc.train.errors import NonFiniteError
 from hethpc.train.evaluation import accuracy
-from hethpc.train.faults import Fault, apply_faults
-from hethpc.train.guards import (
+from hethpc.train.parts.assembly import RunParts
+from hethpc.train.report.metrics import MetricsWriter
+from hethpc.train.report.progress import Progress
+from hethpc.train.report.tally import Tally
+from hethpc.train.run.shares import gradient_weight, inner_step_sizes
+from hethpc.train.settings.config import TrainConfig
+from hethpc.train.watch.faults import Fault, apply_faults
+from hethpc.train.watch.guards import (
     AveragedGradientGuard,
     local_nonfinite,
     nonfinite_ranks,
     poison_if_nonfinite_,
 )
-from hethpc.train.metrics import MetricsWriter
-from hethpc.train.progress import Progress
-from hethpc.train.tally import Tally
-from hethpc.train.watchdog import Watchdog
+from hethpc.train.watch.watchdog import Watchdog
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -94,7 +94,7 @@ class TrainStep:
         dog.kick(step, "data")
         sizes = np.asarray(controller.batch_sizes)
         b, big_b = int(sizes[engine.replica]), int(sizes.sum())
-        weight = parts.gradient_weight(
+        weight = gradient_weight(
             cfg.partition, rank=engine.replica, batch_sizes=sizes,
             partition_lengths=run.partition_lengths, rebalanced=run.rebalancer is not None,
         )  # fmt: skip
@@ -108,7 +108,7 @@ class TrainStep:
 
         local_steps, lrs = 1, None
         if cfg.inner_steps == "speed":  # every local step but the last here
-            splits = parts.inner_step_sizes(sizes, engine.replica, rows=len(y))
+            splits = inner_step_sizes(sizes, engine.replica, rows=len(y))
             edges = np.cumsum([0, *splits])
             # Linear scaling: a local step of b rows moves b / (B / N) as far as one
             # of the uniform batch would, so a round moves as far per sample.

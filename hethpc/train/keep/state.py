@@ -26,7 +26,7 @@ from hethpc import comm
 from hethpc.batching import BatchController
 from hethpc.data import Loader
 from hethpc.sync import SyncPolicy
-from hethpc.train.rng import get_rng_state, seed_rank, set_rng_state
+from hethpc.train.keep.rng import get_rng_state, seed_rank, set_rng_state
 
 FORMAT = 1
 

@@ -9,14 +9,14 @@ from typing import Any
 from torch import nn
 
 from hethpc import comm
-from hethpc.train.checkpoint import CheckpointManager
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.config_compare import resume_differences
-from hethpc.train.engine import Engine
-from hethpc.train.metrics import MetricsWriter
-from hethpc.train.state import Components, gather_state, restore_state
-from hethpc.train.tally import Tally
-from hethpc.train.watchdog import Watchdog
+from hethpc.train.keep.checkpoint import CheckpointManager
+from hethpc.train.keep.state import Components, gather_state, restore_state
+from hethpc.train.parts.engine import Engine
+from hethpc.train.report.metrics import MetricsWriter
+from hethpc.train.report.tally import Tally
+from hethpc.train.settings.compare import resume_differences
+from hethpc.train.settings.config import ConfigError, TrainConfig
+from hethpc.train.watch.watchdog import Watchdog
 
 # Differences no --resume-changes can allow.
 _FIXED = ("world size", "model layout")

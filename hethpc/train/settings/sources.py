@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hethpc.train.config import TrainConfig, config_fields, config_tables
 from hethpc.train.errors import ConfigError
+from hethpc.train.settings.config import TrainConfig, config_fields, config_tables
 
 
 def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
@@ -57,8 +57,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
     A key is either at the top, before any table, or under its group's table (``[data]``,
     ``[model]``, ``[sync]``, ``[batching]``, ``[pipeline]``, ``[output]``: see
-    :func:`~hethpc.train.config.config_tables`); a key under another table is refused, as it
-    is most likely a mistake. Dashes in keys are read as underscores (``batch-size`` =
+    :func:`~hethpc.train.settings.config.config_tables`); a key under another table is refused,
+    as it is most likely a mistake. Dashes in keys are read as underscores (``batch-size`` =
     ``batch_size``).
 
     Raises:

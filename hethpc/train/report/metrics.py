@@ -11,7 +11,7 @@ from typing import IO, Any
 import torch
 
 from hethpc import comm
-from hethpc.train.loggers import Sink, make_sinks
+from hethpc.train.report.loggers import Sink, make_sinks
 
 
 def _clean(value: Any) -> Any:
@@ -34,7 +34,7 @@ class MetricsWriter:
         run_dir: the run directory.
         rank: this process's rank (names the file).
         buffer: records held before an automatic flush.
-        sinks: more outputs (CSV, TensorBoard: :mod:`hethpc.train.loggers`) that get the same
+        sinks: more outputs (CSV, TensorBoard: :mod:`hethpc.train.report.loggers`) that get the same
             records at every flush.
     """
 

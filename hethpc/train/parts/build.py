@@ -18,7 +18,7 @@ from hethpc.data.sharded import split_dirs
 from hethpc.data.shared import open_dataset_shared
 from hethpc.data.transform import to_inputs
 from hethpc.models import ModelError, build_model
-from hethpc.train.config import TrainConfig
+from hethpc.train.settings.config import TrainConfig
 
 
 def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDataset]:

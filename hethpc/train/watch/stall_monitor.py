@@ -1,6 +1,6 @@
 """The watchdog's monitor process: it watches one rank from outside and ends it when all stall.
 
-Run by :class:`hethpc.train.watchdog.Watchdog` as ``python stall_monitor.py ...`` (standard
+Run by :class:`hethpc.train.watch.watchdog.Watchdog` as ``python stall_monitor.py ...`` (standard
 library only, so it starts in milliseconds and imports nothing of hethpc). A separate process
 keeps watching when the rank cannot run Python at all: stopped by a signal, or inside C code
 that holds the interpreter lock (an MPI or Horovod call waiting for a peer that never comes).

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from hethpc import comm
-from hethpc.train.config import TrainConfig
-from hethpc.train.config_compare import check_same_config
-from hethpc.train.engine import check_pipeline_config
-from hethpc.train.rundir import RunDirError, claim, next_run_dir
+from hethpc.train.keep.rundir import RunDirError, claim, next_run_dir
+from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.settings.compare import check_same_config
+from hethpc.train.settings.config import TrainConfig
 
 
 def start_run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hethpc.train.config import config_sections, config_tables
+from hethpc.train.settings.config import config_sections, config_tables
 
 __all__ = ["settings_markdown"]
 
@@ -29,7 +29,7 @@ change what is trained, so `--resume` accepts a new value; change any other with
 `--resume-changes NAME,...`. In `hethpc.fit` the data and the model are arguments, so
 {fit} are the command line's only.
 
-Generated from `hethpc/train/config.py` by `make docs`; a test fails when it is stale."""
+Generated from `hethpc/train/settings/config.py` by `make docs`; a test fails when it is stale."""
 
 
 def _cell(text: str) -> str:

@@ -1,9 +1,9 @@
 """The training loop: composes data, batching, sync, checkpoints, metrics and the guards.
 
 There is one loop, for the job, :func:`hethpc.fit` and both step engines. Its parts live
-beside it: building the run (:mod:`~hethpc.train.assembly`), one step
-(:mod:`~hethpc.train.step`), the end of an epoch (:mod:`~hethpc.train.epoch`), checkpoints
-(:mod:`~hethpc.train.run_checkpoints`) and the summary (:mod:`~hethpc.train.finish`).
+beside it: building the run (:mod:`~hethpc.train.parts.assembly`), one step
+(:mod:`~hethpc.train.run.step`), the end of an epoch (:mod:`~hethpc.train.run.epoch`), checkpoints
+(:mod:`~hethpc.train.run.checkpoints`) and the summary (:mod:`~hethpc.train.run.finish`).
 """
 
 from __future__ import annotations
@@ -22,25 +22,25 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import ArrayDataset, ShardedDataset
 from hethpc.data.holdout import holdout
-from hethpc.train import parts
-from hethpc.train.assembly import assemble
-from hethpc.train.build import build, check_outputs, load_data
-from hethpc.train.config import TrainConfig
-from hethpc.train.epoch import EpochEnd
 from hethpc.train.errors import TrainingInterrupted
 from hethpc.train.evaluation import Metric, accuracy, metric_key
-from hethpc.train.faults import Fault
-from hethpc.train.finish import summarize
-from hethpc.train.guards import AveragedGradientGuard
+from hethpc.train.keep.rng import seed_rank
 from hethpc.train.losses import make_loss
-from hethpc.train.metrics import open_run
-from hethpc.train.progress import Progress
-from hethpc.train.rng import seed_rank
-from hethpc.train.run_checkpoints import RunCheckpoints
-from hethpc.train.start import start_run
-from hethpc.train.step import TrainStep
-from hethpc.train.tally import Tally
-from hethpc.train.watchdog import Watchdog
+from hethpc.train.parts.assembly import assemble
+from hethpc.train.parts.build import build, check_outputs, load_data
+from hethpc.train.parts.capabilities import finish_policy
+from hethpc.train.report.metrics import open_run
+from hethpc.train.report.progress import Progress
+from hethpc.train.report.tally import Tally
+from hethpc.train.run.checkpoints import RunCheckpoints
+from hethpc.train.run.epoch import EpochEnd
+from hethpc.train.run.finish import summarize
+from hethpc.train.run.start import start_run
+from hethpc.train.run.step import TrainStep
+from hethpc.train.settings.config import TrainConfig
+from hethpc.train.watch.faults import Fault
+from hethpc.train.watch.guards import AveragedGradientGuard
+from hethpc.train.watch.watchdog import Watchdog
 
 
 @dataclass
@@ -231,7 +231,7 @@ def run_training(
             else:  # resumed a finished run: its final checkpoint is the result's
                 last_path = ckpts.manager.path(start)
             dog.kick(total, "sync")
-            parts.finish_policy(policy, module)
+            finish_policy(policy, module)
             policy.close()
             score = val_score = None
             if test_set is not None:

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from hethpc import comm
 from hethpc.data import ArrayDataset
 from hethpc.sync.averaging import average_model_
-from hethpc.train.assembly import RunParts
-from hethpc.train.config import TrainConfig
 from hethpc.train.evaluation import Metric, evaluate
-from hethpc.train.metrics import MetricsWriter
-from hethpc.train.tally import Tally
+from hethpc.train.parts.assembly import RunParts
+from hethpc.train.report.metrics import MetricsWriter
+from hethpc.train.report.tally import Tally
+from hethpc.train.settings.config import TrainConfig
 
 
 def describe(key: str, score: float) -> str:

@@ -2,9 +2,9 @@
 
 Long for one reason: it holds a field per setting (about sixty), each with its default, its
 help text (also the CLI's) and whether it is node-local or may change on resume. Its rules are
-in :mod:`~hethpc.train.config_rules`, reading it from TOML in
-:mod:`~hethpc.train.config_sources`, the cross-rank and resume comparisons in
-:mod:`~hethpc.train.config_compare`.
+in :mod:`~hethpc.train.settings.rules`, reading it from TOML in
+:mod:`~hethpc.train.settings.sources`, the cross-rank and resume comparisons in
+:mod:`~hethpc.train.settings.compare`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from hethpc.comm.runtime import TRANSPORTS
 from hethpc.sync import POLICIES
-from hethpc.train.config_rules import validate
 from hethpc.train.errors import ConfigError
+from hethpc.train.settings.rules import validate
 
 __all__ = ["ConfigError", "TrainConfig", "config_fields", "config_sections", "config_tables"]
 

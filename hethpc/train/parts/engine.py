@@ -1,6 +1,6 @@
 """Step engines: this rank's forward and backward, data-parallel or as one pipeline stage.
 
-The training loop (:mod:`hethpc.train.loop`) is the same for both: it reads batches, calls
+The training loop (:mod:`hethpc.train.run.loop`) is the same for both: it reads batches, calls
 :meth:`compute`, lets the sync policy step the optimizer over :attr:`module` within
 :attr:`group`, and evaluates, checkpoints and reports. An engine says where this rank sits:
 which replica's batch it reads (:attr:`replica` of :attr:`replicas`), which ranks hold the
@@ -26,9 +26,9 @@ from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.sync import POLICIES
 from hethpc.sync.factory import policy_class
-from hethpc.train.config import ConfigError, TrainConfig
-from hethpc.train.device import this_device
 from hethpc.train.evaluation import Metric, evaluate
+from hethpc.train.parts.device import this_device
+from hethpc.train.settings.config import ConfigError, TrainConfig
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

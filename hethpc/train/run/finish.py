@@ -11,10 +11,10 @@ import torch
 
 from hethpc import comm
 from hethpc.comm import LinkStats, ReduceOp
-from hethpc.train import parts
-from hethpc.train.assembly import RunParts
-from hethpc.train.config import TrainConfig
-from hethpc.train.tally import Tally
+from hethpc.train.parts.assembly import RunParts
+from hethpc.train.parts.capabilities import policy_summary
+from hethpc.train.report.tally import Tally
+from hethpc.train.settings.config import TrainConfig
 
 
 def summarize(
@@ -39,7 +39,7 @@ def summarize(
     # the job's own counts, carried through checkpoints, win.
     policy_figures = {
         k: v
-        for k, v in parts.policy_summary(run.policy).items()
+        for k, v in policy_summary(run.policy).items()
         if k not in ("steps", "synced_steps", "sync_fraction")
     }
     # First and final (mean of the last 10) loss, from the rank that reports them.

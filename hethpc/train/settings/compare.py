@@ -8,8 +8,8 @@ from typing import Any
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.train.config import TrainConfig, config_fields
 from hethpc.train.errors import ConfigError
+from hethpc.train.settings.config import TrainConfig, config_fields
 
 
 def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
 from hethpc.sync.factory import policy_class
-from hethpc.train.config_policy import policy_named, policy_traits
 from hethpc.train.errors import ConfigError
+from hethpc.train.settings.policy import policy_named, policy_traits
 
 if TYPE_CHECKING:
-    from hethpc.train.config import TrainConfig
+    from hethpc.train.settings.config import TrainConfig
 
 _EXPECTED = {
     "bool": "true or false (a TOML boolean, not a string)",

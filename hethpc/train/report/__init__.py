@@ -1,0 +1,1 @@
+"""What a run tells: per-step metrics and their outputs, progress, counts and the summary."""

@@ -1,0 +1,1 @@
+"""The run itself: started, stepped, its epochs ended, checkpointed and finished."""

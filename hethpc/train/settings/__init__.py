@@ -1,0 +1,1 @@
+"""The settings of a run: the configuration, its rules, where it is read from, its autos."""
