@@ -13,10 +13,11 @@ setup:
 
 ## The README's main command: 2 ranks (rank 1 emulated 2x slower) train on label-skewed
 ## MNIST-1D with dynamic batching and SelSync (jobs/demo.toml); then a baseline on the
-## same data and slow rank (uniform batches, BSP every step); then plots of both side by side.
+## same data and slow rank (uniform batches, BSP every step, at its own tuned learning rate);
+## then plots of both side by side.
 demo: setup
 	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS)
-	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite $(ARGS) \
+	$(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite --lr 0.2 $(ARGS) \
 	    --run-dir runs/demo-baseline --batching uniform --sync bsp
 	$(PY) jobs/report.py runs/demo runs/demo-baseline
 
@@ -26,7 +27,7 @@ TESTBED := $(PY) jobs/testbed.py --name demo run --node cpu=1,link=200mbit --nod
 demo-testbed: setup
 	$(TESTBED) $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite \
 	    --slowdown '' --link '' --run-dir runs/demo-testbed $(ARGS)
-	$(TESTBED) $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite \
+	$(TESTBED) $(MPIRUN) -np 2 $(PY) jobs/train.py --config jobs/demo.toml --overwrite --lr 0.2 \
 	    --slowdown '' --link '' --run-dir runs/demo-testbed-baseline --batching uniform --sync bsp $(ARGS)
 	$(PY) jobs/report.py runs/demo-testbed runs/demo-testbed-baseline
 
