@@ -298,6 +298,12 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}_{m}_seeds_reaching"] = med["tta_val"]["n"]
             every = med["tta_val"]["n"] == med["tta_val"]["of"]
             out[f"{name}_{m}_over_bsp_every_seed"] = ratio if every else None
+        for peer in PEERS:  # against what a user would run instead, on the same nodes
+            theirs = res["medians"].get(peer, {}).get("tta_val", {}).get("median")
+            for m, med in res["medians"].items():
+                t = med["tta_val"]["median"]
+                if theirs and t and m not in PEERS:
+                    out[f"{name}_{m}_over_{peer}"] = round(t / theirs, 3)
     return out
 
 

@@ -128,6 +128,20 @@ GOALS["bench_evidence"] = {
         )
         for m in ("bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
     },
+    **{
+        f"testbed_iid_3x_{m}_over_bsp": (
+            "<= 0.5 (at least 2x sooner on the testbed; median of the seeds reaching it)",
+            lambda v: _le(v, 0.5),
+        )
+        for m in ("bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
+    },
+    **{
+        f"testbed_iid_3x_{m}_over_horovod": (
+            "<= 0.67 (at least 1.5x sooner than tuned plain Horovod on the same nodes)",
+            lambda v: _le(v, 0.67),
+        )
+        for m in ("bsp", "bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
+    },
 }
 GOALS["bench_dynbatch"].update(
     {f"paced.{k}": (f"{goal}, paced", test) for k, (goal, test) in GOALS["bench_dynbatch"].items()}

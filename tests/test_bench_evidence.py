@@ -202,3 +202,18 @@ def test_quick_protocol_runs_the_peers_as_methods(tmp_path: Path) -> None:
         assert len(run["val"]) == 4 and run["val"] == sorted(run["val"])
         assert run["val"][-1][0] <= run["train_time_s"] < run["time_s"]
         assert run["final_val"] == run["val"][-1][1] and run["peer"] == peer
+
+
+def test_goals_are_ratios_to_the_tuned_bsp_and_to_each_peer_on_the_same_nodes() -> None:
+    def med(times: list[float | None]) -> dict[str, dict[str, object]]:
+        return {"tta_val": _protocol.spread(times)}
+
+    res = {"medians": {"bsp": med([20.0, 22.0, None]), "fedavg_dynamic": med([10.0, 11.0, 12.0]),
+                       "horovod": med([40.0, None, None])}}  # fmt: skip
+    g = bench_evidence.goals({"tb": res})
+    assert g["tb_fedavg_dynamic_over_bsp"] == pytest.approx(11.0 / 21.0, abs=1e-3)
+    assert g["tb_fedavg_dynamic_over_bsp_every_seed"] == g["tb_fedavg_dynamic_over_bsp"]
+    assert g["tb_bsp_over_bsp_every_seed"] is None  # one seed never reached it
+    assert g["tb_fedavg_dynamic_over_horovod"] == pytest.approx(11.0 / 40.0, abs=1e-3)
+    assert g["tb_bsp_over_horovod"] == pytest.approx(21.0 / 40.0, abs=1e-3)
+    assert "tb_horovod_over_horovod" not in g and "tb_fedavg_dynamic_over_ddp" not in g
