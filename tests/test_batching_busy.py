@@ -87,7 +87,7 @@ def test_the_emulated_stretch_is_added_and_kept_out_of_the_share() -> None:
 
 _QUOTA_STEPS = """
 import json, sys, time
-from hethpc.batching import CpuShare
+from hethpc.batching.busy import CpuShare
 
 def work(s):
     end = time.thread_time() + s

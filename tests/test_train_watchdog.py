@@ -49,7 +49,7 @@ def _python(code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess
 
 def test_a_process_stopped_by_sigstop_is_named_by_its_own_monitor(tmp_path: Path) -> None:
     code = (
-        "import os, signal, time\nfrom hethpc.train import Watchdog\n"
+        "import os, signal, time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         f"with Watchdog(1.0, heartbeat_dir={str(tmp_path)!r}) as w:\n"
         "    w.kick(2, 'compute')\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
     )
@@ -61,7 +61,7 @@ def test_a_process_stopped_by_sigstop_is_named_by_its_own_monitor(tmp_path: Path
 
 def test_a_stalled_process_ends_naming_step_and_phase(tmp_path: Path) -> None:
     code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
+        "import time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         f"with Watchdog(1.0, heartbeat_dir={str(tmp_path)!r}) as w:\n"
         "    w.kick(4, 'compute')\n    time.sleep(60)\n"
     )
@@ -74,7 +74,7 @@ def test_a_stalled_process_ends_naming_step_and_phase(tmp_path: Path) -> None:
 
 def test_a_kicked_process_finishes() -> None:
     code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
+        "import time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         "with Watchdog(1.0) as w:\n    for s in range(6):\n        w.kick(s)\n"
         "        time.sleep(0.4)\nprint('done')\n"
     )
@@ -84,7 +84,7 @@ def test_a_kicked_process_finishes() -> None:
 
 def test_a_patient_phase_gets_the_ceiling() -> None:
     code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
+        "import time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         "with Watchdog(1.0, max_s=30.0) as w:\n    w.kick(0, 'checkpoint')\n"
         "    time.sleep(3)\nprint('done')\n"
     )
@@ -94,7 +94,7 @@ def test_a_patient_phase_gets_the_ceiling() -> None:
 
 def test_the_limit_grows_with_slow_steps() -> None:
     code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
+        "import time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         "with Watchdog(1.0, max_s=60.0, scale=20.0) as w:\n"
         "    w.kick(0)\n    time.sleep(0.2)\n    w.kick(1)\n    time.sleep(2.5)\n    w.kick(2)\n"
         "print('done', round(w.limit()))\n"
@@ -108,7 +108,7 @@ def test_a_busy_process_kicking_nonstop_is_never_ended() -> None:
     # The monitor reads the shared record while the rank rewrites it; a half-written record
     # must never read as a stall (a kick per microsecond, the monitor reading every 0.02 s).
     code = (
-        "import time\nfrom hethpc.train import Watchdog\n"
+        "import time\nfrom hethpc.train.watch.watchdog import Watchdog\n"
         "with Watchdog(0.2) as w:\n    t0 = time.monotonic()\n"
         "    while time.monotonic() - t0 < 4:\n        w.kick(1, 'compute')\nprint('done')\n"
     )
