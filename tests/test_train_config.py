@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hethpc.cli import flag_hint
 from hethpc.cli import train as train_job
+from hethpc.cli.parser import flag_hint
 from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml
 from hethpc.train.parts.capabilities import make_controller
 from hethpc.train.settings.compare import resume_differences
