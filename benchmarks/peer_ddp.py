@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _peer_args import add_run_args, check_run_args, lr_schedule
 from _peer_data import load_data, train_split
 from _peer_eval import Evaluations
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
@@ -62,31 +63,7 @@ _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # Linux ioctls: an interface's I
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=6, help="epochs to train (default 6)")
-    p.add_argument("--batch-size", type=int, default=128,
-                   help="global batch: samples per step over all ranks (default 128)")
-    p.add_argument("--lr", type=float, default=0.05,
-                   help="SGD learning rate for the global batch (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="model initialisation, shuffling and partition seed (default 0)")
-    p.add_argument("--partition", choices=("iid", "labels"), default="iid",
-                   help="iid: DistributedSampler shards; labels: hethpc's label skew")
-    p.add_argument("--labels-per-rank", type=int, default=6,
-                   help="labels each rank holds with --partition labels (default 6)")
-    p.add_argument("--samples", type=int, default=20_000,
-                   help="MNIST-1D samples to generate, 80 %% train, 20 %% test (default 20000)")
-    p.add_argument("--data-seed", type=int, default=42,
-                   help="seed of the generated MNIST-1D data and of --val-fraction's split "
-                   "(default 42, as hethpc's)")
-    p.add_argument("--val-fraction", type=float, default=0.0,
-                   help="hold out this fraction of the training samples as hethpc does: the "
-                   "evaluations score it, the test split is scored at the end (default 0: none)")
-    p.add_argument("--lr-schedule", choices=("constant", "wsd"), default="constant",
-                   help="constant, or wsd: constant, then down in a straight line to 0 over the "
-                   "last 20 %% of the steps, as hethpc's --lr-schedule wsd (default constant)")
-    p.add_argument("--eval-every-steps", type=int, default=0, metavar="K",
-                   help="evaluate every K steps and at the end (default 0: every epoch)")
+    add_run_args(p)
     p.add_argument("--powersgd", type=int, default=0, metavar="RANK",
                    help="compress gradients with torch's powerSGD_hook of this matrix "
                    "approximation rank (default 0: plain allreduce)")
@@ -98,13 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rank 0's port (default: $MASTER_PORT, else a free one)")
     p.add_argument("--out", type=Path, help="write the JSON summary here (rank 0)")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "samples", "labels_per_rank"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not 0.0 <= args.val_fraction < 0.5:
-        p.error(f"--val-fraction must be in [0, 0.5), got {args.val_fraction}")
-    if args.eval_every_steps < 0:
-        p.error(f"--eval-every-steps must be 0 (every epoch) or more, got {args.eval_every_steps}")
+    check_run_args(p, args)
     if args.powersgd < 0:
         p.error(f"--powersgd must be a rank >= 1 (0: off), got {args.powersgd}")
     if args.powersgd_start is not None and args.powersgd_start < 2:
@@ -251,11 +222,7 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
                                        start_powerSGD_iter=powersgd_start)  # fmt: skip
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
-    total = args.epochs * len(train_loader)
-    decay_from = 0.8 * total  # wsd: the rate falls to 0 over the last 20 % of the steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (
-        1.0 if args.lr_schedule == "constant" or s <= decay_from
-        else max(0.0, (total - s) / (total - decay_from))))  # fmt: skip
+    schedule = lr_schedule(optimizer, args.lr_schedule, args.epochs * len(train_loader))
     evals = Evaluations(model, every=args.eval_every_steps or len(train_loader), test=data.test,
                         val=data.val, rank=rank, size=size, metric_sum=metric_sum)  # fmt: skip
 

@@ -25,9 +25,11 @@ from hethpc import testbed  # the module: pytest would try to collect a class na
 from hethpc.data.holdout import holdout
 from hethpc.testbed.kernel import missing
 from hethpc.train import TrainConfig, train
+from hethpc.train.parts.build import wsd_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _peer_args  # noqa: E402
 import _peer_data  # noqa: E402
 from _peer_eval import Evaluations  # noqa: E402
 
@@ -187,3 +189,17 @@ def test_a_non_finite_loss_ends_the_run_at_the_next_evaluation() -> None:
     out = ev.finish(6)
     assert [p["step"] for p in out["curve"]] == [3]
     assert out["final_val_acc"] is None and out["final_test_acc"] is None
+
+
+@pytest.mark.parametrize("total", [1, 7, 125, 750])
+def test_the_peers_wsd_schedule_is_hethpcs(total: int) -> None:
+    for step in range(total + 2):
+        assert _peer_args.lr_factor("wsd", step, total) == pytest.approx(wsd_factor(step, total))
+        assert _peer_args.lr_factor("constant", step, total) == 1.0
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    schedule = _peer_args.lr_schedule(opt, "wsd", total)
+    for _ in range(total):
+        opt.step()
+        schedule.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2 * wsd_factor(total, total))
