@@ -108,6 +108,20 @@ def quick(work: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def only_methods(work: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """``work`` with each scenario's methods cut to ``names`` (in the scenario's order) and BSP,
+    whose runs fix the target; a name no scenario runs is refused."""
+    known = {m for s in work["scenarios"].values() for m in s["methods"]}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise SystemExit(f"--methods: unknown method(s) {unknown}; the scenarios run "
+                         f"{', '.join(sorted(known))}")  # fmt: skip
+    keep = {"bsp", *names}
+    scenarios = {n: {**s, "methods": [m for m in s["methods"] if m in keep]}
+                 for n, s in work["scenarios"].items()}  # fmt: skip
+    return {**work, "scenarios": scenarios}
+
+
 def quick_peers(work: dict[str, Any]) -> dict[str, Any]:
     """The protocol in miniature with the peers, for the tests: BSP, Horovod and DDP on 2 ranks
     on shared memory without emulation, the tiny runs of :func:`quick`, one measuring seed."""
@@ -334,6 +348,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", type=Path, default=WORKLOAD, help="a workload file (TOML)")
     p.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    p.add_argument("--methods", default="",
+                   help="comma-separated methods (default: each scenario's own); BSP always "
+                        "runs, its runs fix the target")
     p.add_argument("--quick", action="store_true",
                    help="the protocol in miniature: one scenario, two methods, tiny runs")
     p.add_argument("--quick-peers", action="store_true",
@@ -353,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         work = quick(work)
     if args.quick_peers:
         work = quick_peers(work)
+    if args.methods:
+        work = only_methods(work, [m for m in args.methods.split(",") if m])
     if under_mpi():  # one scenario's protocol, launched by the plain process below
         comm.abort_on_exception()
         comm.init()
@@ -380,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             names.remove(name)
     quick_flags = [f for f, on in (("--quick", args.quick), ("--quick-peers", args.quick_peers))
                    if on]  # fmt: skip
+    if args.methods:
+        quick_flags += ["--methods", args.methods]
     started, results = time.time(), {}
     commit = _commit()
     with tempfile.TemporaryDirectory(prefix="bench-evidence-") as d:

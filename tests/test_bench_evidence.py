@@ -217,3 +217,13 @@ def test_goals_are_ratios_to_the_tuned_bsp_and_to_each_peer_on_the_same_nodes() 
     assert g["tb_fedavg_dynamic_over_horovod"] == pytest.approx(11.0 / 40.0, abs=1e-3)
     assert g["tb_bsp_over_horovod"] == pytest.approx(21.0 / 40.0, abs=1e-3)
     assert "tb_horovod_over_horovod" not in g and "tb_fedavg_dynamic_over_ddp" not in g
+
+
+def test_methods_cut_every_scenario_and_keep_bsp() -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    cut = bench_evidence.only_methods(work, ["diloco", "ssp"])
+    assert cut["scenarios"]["demo"]["methods"] == ["bsp", "diloco", "ssp"]
+    assert cut["scenarios"]["testbed_demo"]["methods"] == ["bsp"]
+    assert work["scenarios"]["demo"]["methods"][-2:] == ["diloco", "ssp"]  # not changed
+    with pytest.raises(SystemExit, match="unknown method.*dilco"):
+        bench_evidence.only_methods(work, ["dilco"])
