@@ -3,6 +3,7 @@ and norms, warmup before the schedule, gradient clipping and exact gradient accu
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import hethpc
+from hethpc.cli.train import parse_config
 from hethpc.sync.averaging import optimizer_state_tensors
 from hethpc.train import ConfigError, TrainConfig, lr_factor, param_groups
 from hethpc.train.parts.engine import micro_batches
@@ -259,3 +261,52 @@ def test_a_checkpoint_from_before_these_settings_resumes_at_their_defaults() -> 
         del saved[name]
     assert resume_differences(saved, TrainConfig()) == []
     assert resume_differences(saved, TrainConfig(warmup_steps=3)) == ["warmup_steps: 0 -> 3"]
+
+
+def test_a_run_with_all_four_resumes_bit_identical_from_its_checkpoint(tmp_path: Path) -> None:
+    settings = dict(
+        optimizer="adamw", weight_decay=0.1, lr=0.01, lr_schedule="cosine", warmup_steps=3,
+        clip_grad_norm=0.5, accumulate=2, batch_size=30, max_steps=8, checkpoint_every=4,
+        progress=False, eval_every=0,
+    )  # fmt: skip
+    whole = hethpc.fit(_model(), _blobs(600), run_dir=str(tmp_path / "whole"), **settings)
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "whole", cut)
+    late = list(cut.glob("checkpoints/ckpt-000000008*"))
+    assert late
+    for path in late:  # as if stopped after step 4's checkpoint
+        path.unlink()
+    said: list[str] = []
+    resumed = hethpc.fit(_model(), _blobs(600), run_dir=str(cut), resume=True, log=said.append,
+                         **settings)  # fmt: skip
+    assert any("resumed from step 4" in line for line in said), said
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match=r"warmup_steps: 3 -> 4.*resume-changes"):
+        hethpc.fit(_model(), _blobs(600), run_dir=str(cut), resume=True,
+                   **{**settings, "warmup_steps": 4})  # fmt: skip
+    # accumulate does not change what is trained: a resume may take another
+    hethpc.fit(_model(), _blobs(600), run_dir=str(cut), resume=True,
+               **{**settings, "accumulate": 3})  # fmt: skip
+
+
+def test_the_job_and_its_toml_take_the_settings(tmp_path: Path) -> None:
+    p = tmp_path / "run.toml"
+    p.write_text('[model]\noptimizer = "adamw"\nwarmup_steps = 10\nclip_grad_norm = 1.0\n')
+    cfg, _ = parse_config(["--config", str(p), "--accumulate", "2", "--decay-norms-biases"])
+    assert (cfg.optimizer, cfg.warmup_steps, cfg.clip_grad_norm) == ("adamw", 10, 1.0)
+    assert cfg.accumulate == 2 and cfg.decay_norms_biases
+
+
+def test_the_coordinator_clips_its_loops_steps() -> None:
+    net = nn.Linear(3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0)
+    coord = hethpc.Coordinator(net, opt, global_batch=4, clip_grad_norm=1e-3)
+    before = [p.detach().clone() for p in net.parameters()]
+    coord.start()
+    opt.zero_grad()
+    (net(torch.ones(4, 3)) * 100).sum().backward()
+    coord.step()
+    moved = torch.cat([(b - p.detach()).reshape(-1) for b, p in zip(before, net.parameters(),
+                                                                     strict=True)])  # fmt: skip
+    assert float(moved.norm()) == pytest.approx(1e-3, rel=1e-4)
