@@ -14,7 +14,7 @@ from torch import nn
 import hethpc
 from hethpc.cli.train import parse_config
 from hethpc.sync.averaging import optimizer_state_tensors
-from hethpc.train import ConfigError, TrainConfig, lr_factor, param_groups
+from hethpc.train import ConfigError, TrainConfig, lr_factor, param_groups, read_metrics
 from hethpc.train.parts.engine import micro_batches
 from hethpc.train.parts.optim import GradientClip, make_optimizer
 from hethpc.train.settings.compare import resume_differences
@@ -267,9 +267,14 @@ def test_a_run_with_all_four_resumes_bit_identical_from_its_checkpoint(tmp_path:
     settings = dict(
         optimizer="adamw", weight_decay=0.1, lr=0.01, lr_schedule="cosine", warmup_steps=3,
         clip_grad_norm=0.5, accumulate=2, batch_size=30, max_steps=8, checkpoint_every=4,
-        progress=False, eval_every=0,
+        progress=False, eval_every=0, csv=True,
     )  # fmt: skip
     whole = hethpc.fit(_model(), _blobs(600), run_dir=str(tmp_path / "whole"), **settings)
+    steps = [r for r in read_metrics(tmp_path / "whole" / "metrics" / "rank0.jsonl")
+             if r["kind"] == "step"]  # fmt: skip
+    assert [r["lr"] for r in steps[:3]] == pytest.approx([0.01 * 2 / 3, 0.01, 0.01])
+    assert all(r["grad_norm"] > 0 for r in steps)  # the norm before clipping, recorded
+    assert "grad_norm" in (tmp_path / "whole" / "csv" / "metrics.csv").read_text().split()[0]
     cut = tmp_path / "cut"
     shutil.copytree(tmp_path / "whole", cut)
     late = list(cut.glob("checkpoints/ckpt-000000008*"))
