@@ -25,7 +25,7 @@ from hethpc import testbed  # the module: pytest would try to collect a class na
 from hethpc.data.holdout import holdout
 from hethpc.testbed.kernel import missing
 from hethpc.train import TrainConfig, train
-from hethpc.train.parts.build import wsd_factor
+from hethpc.train.parts.optim import wsd_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

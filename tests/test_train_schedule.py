@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hethpc.train.parts.build import make_optimizer, wsd_factor
+from hethpc.train.parts.optim import make_optimizer, wsd_factor
 from hethpc.train.settings.config import TrainConfig
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hethpc.train.coordinator import Coordinator
 from hethpc.train.errors import CheckpointError, ConfigError, NonFiniteError, TrainingInterrupted
 from hethpc.train.fit import fit
+from hethpc.train.parts.optim import lr_factor, param_groups
 from hethpc.train.report.metrics import read_metrics
 from hethpc.train.run.loop import RunResult, train
 from hethpc.train.settings.config import TrainConfig
@@ -22,6 +23,8 @@ __all__ = [
     "TrainConfig",
     "TrainingInterrupted",
     "fit",
+    "lr_factor",
+    "param_groups",
     "read_metrics",
     "train",
 ]

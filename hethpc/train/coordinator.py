@@ -14,6 +14,7 @@ from hethpc import comm
 from hethpc.batching.busy import CpuShare
 from hethpc.sync.records import SyncRecord
 from hethpc.train.parts.capabilities import finish_policy, make_controller, make_policy
+from hethpc.train.parts.optim import GradientClip
 from hethpc.train.settings.config import ConfigError
 from hethpc.train.settings.sources import did_you_mean, make_config
 from hethpc.train.watch.guards import check_same_model, local_nonfinite, nonfinite_ranks
@@ -53,7 +54,15 @@ class Coordinator:
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
             ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
             ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
-            ``slowdown_mode``, ``transport``.
+            ``slowdown_mode``, ``transport``, ``clip_grad_norm`` (clipped inside
+            ``optimizer.step()`` by a step pre-hook on ``optimizer``: under BSP the averaged
+            gradient, on local steps this rank's own; see ``--clip-grad-norm``).
+
+    The optimizer and its schedule are the loop's own: AdamW without decay on biases and norms
+    is ``torch.optim.AdamW(hethpc.train.param_groups(model, 0.1), lr=...)``, warmup and the
+    job's schedules ``LambdaLR(opt, lambda s: hethpc.train.lr_factor("cosine", s, steps,
+    warmup=100))``. To accumulate, call ``backward()`` on each micro-batch's loss times its
+    share of this rank's rows, then :meth:`step` once: the policy sees the summed gradient.
 
     Raises:
         ConfigError: a setting is invalid, naming it.
@@ -64,7 +73,7 @@ class Coordinator:
         "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "staleness",
         "outer_optimizer",
         "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
-        "slowdown", "slowdown_mode", "transport",
+        "slowdown", "slowdown_mode", "transport", "clip_grad_norm",
     })  # fmt: skip
 
     def __init__(
@@ -108,6 +117,11 @@ class Coordinator:
             self.config, device=torch.device(device) if device is not None else None
         )
         self.policy = make_policy(self.config)
+        self.clip = (
+            GradientClip(optimizer, self.config.clip_grad_norm)
+            if self.config.clip_grad_norm > 0
+            else None
+        )
         self.steps = 0
         self.skipped = 0
         self._t0 = math.nan

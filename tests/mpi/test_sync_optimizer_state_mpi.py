@@ -18,19 +18,20 @@ def _momenta(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Steps on rank-specific gradients up to the first average after a local step.
 
-    Returns every rank's momentum (SGD's buffer or Adam's first moment) as that step leaves it
-    before the average (the same arithmetic by hand), after the average, after one more local
-    step, and the average's bytes.
+    Returns every rank's momentum (SGD's buffer, Adam's or AdamW's first moment) as that step
+    leaves it before the average (the same arithmetic by hand), after the average, after one
+    more local step, and the average's bytes.
     """
     r, n = comm.rank(), comm.size()
     shares = np.arange(1, n + 1) / (n * (n + 1) / 2)
     model = nn.Module()
     model.x = nn.Parameter(torch.zeros(3, dtype=torch.float64))
-    opt = (
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        if optimizer == "sgd"
-        else torch.optim.Adam(model.parameters(), lr=0.01)
-    )
+    opt = {
+        "sgd": lambda: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        "adam": lambda: torch.optim.Adam(model.parameters(), lr=0.01),
+        # decoupled decay moves the parameter, not the moments
+        "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1),
+    }[optimizer]()
     key = "momentum_buffer" if optimizer == "sgd" else "exp_avg"
     grad = torch.tensor([1.0 + r, -2.0 * r, 0.5], dtype=torch.float64)
     local = False
@@ -55,7 +56,7 @@ def _momenta(
     raise AssertionError("no average after a local step in 10 steps")
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 @pytest.mark.parametrize("kind", ["selsync", "fedavg"])
 def test_an_average_gives_every_replica_the_weighted_mean_momentum(
     kind: str, optimizer: str

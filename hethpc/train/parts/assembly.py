@@ -16,7 +16,6 @@ from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset
 from hethpc.data.balance import Rebalancer
 from hethpc.sync import SyncPolicy
 from hethpc.train.keep.state import Components
-from hethpc.train.parts.build import make_optimizer
 from hethpc.train.parts.capabilities import (
     make_controller,
     make_injector,
@@ -25,6 +24,7 @@ from hethpc.train.parts.capabilities import (
     make_rebalancer,
 )
 from hethpc.train.parts.engine import Engine, make_engine
+from hethpc.train.parts.optim import GradientClip, make_optimizer
 from hethpc.train.settings.config import ConfigError, TrainConfig
 from hethpc.train.watch.guards import check_same_model
 
@@ -47,6 +47,7 @@ class RunParts:
         optimizer: over ``module``'s parameters.
         scheduler: the per-step learning-rate schedule.
         components: what a checkpoint saves and restores.
+        clip: the gradient clipping in ``optimizer``'s steps (``clip_grad_norm``), or None.
     """
 
     engine: Engine
@@ -62,6 +63,7 @@ class RunParts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     components: Components
+    clip: GradientClip | None = None
 
 
 def assemble(
@@ -111,10 +113,11 @@ def assemble(
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
     optimizer, scheduler = make_optimizer(cfg, module, total)
+    clip = GradientClip(optimizer, cfg.clip_grad_norm) if cfg.clip_grad_norm > 0 else None
     components = Components(module, optimizer, scheduler, loader, controller, policy)
     return RunParts(
         engine=engine, module=module, loader=loader, partition_lengths=partition_lengths,
         controller=controller, policy=policy, injector=injector, rebalancer=rebalancer,
         steps_per_epoch=spe, total=total, optimizer=optimizer, scheduler=scheduler,
-        components=components,
+        components=components, clip=clip,
     )  # fmt: skip

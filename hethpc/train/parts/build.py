@@ -1,9 +1,8 @@
-"""Building a run's data, model and optimizer from its settings."""
+"""Building a run's data and model from its settings."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,40 +163,3 @@ def build(cfg: TrainConfig, train: Any) -> nn.Module:
             f"{shape}"
         ) from e
     return model
-
-
-def make_optimizer(
-    cfg: TrainConfig, model: nn.Module, total_steps: int
-) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimizer and its per-step learning-rate schedule."""
-    opt: torch.optim.Optimizer
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    factor: Callable[[int], float]
-    if cfg.lr_schedule == "cosine":
-        factor = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / max(total_steps, 1)))  # noqa: E731
-    elif cfg.lr_schedule == "wsd":
-        factor = lambda s: wsd_factor(s, total_steps)  # noqa: E731
-    elif cfg.lr_schedule == "step":
-        factor = lambda s: 0.1 ** (3 * s // max(total_steps, 1))  # noqa: E731
-    else:
-        factor = lambda s: 1.0  # noqa: E731
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-WSD_DECAY = 0.2
-
-
-def wsd_factor(step: int, total_steps: int, decay: float = WSD_DECAY) -> float:
-    """The ``wsd`` schedule's learning-rate factor at ``step``: 1 until the last ``decay`` of
-    the steps, then down in a straight line to 0 at ``total_steps`` (warmup-stable-decay,
-    without the warmup). The final weights are then taken at a small rate, so the run's last
-    accuracy stops moving by a point with the noise of its last steps."""
-    start = (1.0 - decay) * total_steps
-    if step <= start or total_steps <= 0:
-        return 1.0
-    return max(0.0, (total_steps - step) / max(total_steps - start, 1.0))

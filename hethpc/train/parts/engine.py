@@ -169,13 +169,57 @@ class DataParallel:
         poison: Callable[[Any], Any],
         *,
         loss_scale: float = 1.0,
+        pieces: int = 1,
+        before_backward: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Forward and backward of ``loss_scale`` times the loss (the policy's weight, see
         :meth:`~hethpc.sync.SyncPolicy.loss_scale`); ``(loss, output)``, the loss unscaled;
-        gradients on :attr:`module`."""
+        gradients on :attr:`module`.
+
+        With ``pieces > 1`` the batch is computed in that many micro-batches of nearly equal
+        size (:func:`micro_batches`), each one's loss weighted by its share of the rows, so
+        the summed gradient is that of the whole batch; the loss returned is their weighted
+        mean, the output their outputs joined. ``before_backward`` is called before the
+        (last) backward pass: where a policy's hooks send the gradients as it runs, they
+        then see the sum.
+        """
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if pieces > 1 and len(y) > 1:
+            return self._accumulate(x, y, loss_fn, poison, loss_scale, pieces, before_backward)
         out = self.module(x)
         loss = poison(loss_fn(out, y))
+        self._zero_grads()
+        if before_backward is not None:
+            before_backward()
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        return loss, out
+
+    def _accumulate(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: Loss,
+        poison: Callable[[Any], Any],
+        loss_scale: float,
+        pieces: int,
+        before_backward: Callable[[], None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`compute` in ``pieces`` micro-batches, gradients summed by their rows."""
+        self._zero_grads()
+        bounds = micro_batches(len(y), pieces)
+        losses, outs = [], []
+        for i, (lo, hi) in enumerate(bounds):
+            share = (hi - lo) / len(y)
+            out = self.module(x[lo:hi])
+            loss = poison(loss_fn(out, y[lo:hi]))
+            if before_backward is not None and i == len(bounds) - 1:
+                before_backward()
+            (loss * (loss_scale * share)).backward()
+            losses.append(loss.detach() * share)
+            outs.append(out.detach())
+        return torch.stack(losses).sum(), torch.cat(outs)
+
+    def _zero_grads(self) -> None:
         zero = []
         for p in self.module.parameters():
             if self.zero_in_place and p.grad is not None:
@@ -184,8 +228,6 @@ class DataParallel:
                 p.grad = None
         if zero:
             torch._foreach_zero_(zero)  # one call for every gradient (a dispatch per tensor)
-        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        return loss, out
 
     def step_fields(self) -> dict[str, Any]:
         return {}
@@ -272,10 +314,17 @@ class PipelineStage:
         poison: Callable[[Any], Any],
         *,
         loss_scale: float = 1.0,
+        pieces: int = 1,
+        before_backward: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One batch through the pipeline; ``(loss on the last stage, None)``. The policy
-        scales a pipeline's gradients itself: ``loss_scale`` must be 1."""
+        scales a pipeline's gradients itself: ``loss_scale`` must be 1; the pipeline's own
+        micro-batches stand for ``pieces``, which must be 1 (the settings' rules refuse
+        ``accumulate`` with pipeline stages)."""
         assert loss_scale == 1.0, "a pipeline stage takes no loss scale"
+        assert pieces == 1, "a pipeline stage splits its batch into its own micro-batches"
+        if before_backward is not None:
+            before_backward()
         for p in self.module.parameters():
             p.grad = None
         value = self.pipe.train_step(x, y, loss_fn)
@@ -321,6 +370,17 @@ class PipelineStage:
 
 
 Engine = DataParallel | PipelineStage
+
+
+def micro_batches(rows: int, pieces: int) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` rows of ``pieces`` micro-batches of nearly equal size over
+    ``rows`` rows (sizes differ by at most one, the larger first); fewer when ``rows <
+    pieces``, none empty (one empty piece for no rows)."""
+    n = max(1, min(pieces, rows))
+    base, extra = divmod(rows, n)
+    sizes = [base + (i < extra) for i in range(n)]
+    starts = [sum(sizes[:i]) for i in range(n)]
+    return [(a, a + k) for a, k in zip(starts, sizes, strict=True)]
 
 
 def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:

@@ -18,7 +18,7 @@ from typing import IO, Any, Protocol
 CSV_COLUMNS = (
     "kind", "step", "epoch", "time", "loss", "acc", "batch", "lr", "compute_s", "sync_s",
     "synced", "skipped", "local_steps", "link_real_s", "link_wait_s", "test_acc", "test_mse",
-    "val_acc", "val_mse", "train_time",
+    "val_acc", "val_mse", "train_time", "grad_norm",
 )  # fmt: skip
 
 
@@ -66,7 +66,8 @@ class TensorBoardSink:
 
     STEP_TAGS = {"loss": "train/loss", "acc": "train/acc", "lr": "train/lr",
                  "compute_s": "time/compute_s", "sync_s": "time/sync_s",
-                 "synced": "sync/synced", "link_wait_s": "time/link_wait_s"}  # fmt: skip
+                 "synced": "sync/synced", "link_wait_s": "time/link_wait_s",
+                 "grad_norm": "train/grad_norm"}  # fmt: skip
 
     def __init__(self, directory: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter

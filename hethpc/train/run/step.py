@@ -116,17 +116,22 @@ class TrainStep:
             for g in optimizer.param_groups:
                 g["lr"] *= float(np.mean(splits)) * len(sizes) / big_b
             for lo, hi in zip(edges[:-2], edges[1:-1], strict=True):
-                inner, _ = engine.compute(x[lo:hi], y[lo:hi], self.loss_fn, poison)
+                inner, _ = engine.compute(
+                    x[lo:hi], y[lo:hi], self.loss_fn, poison, pieces=cfg.accumulate
+                )
                 assert inner is not None
                 if not local_nonfinite(inner, (p.grad for p in self.params)):
                     optimizer.step()  # a bad local step is dropped on this rank alone
             x, y = x[edges[-2] :], y[edges[-2] :]
             local_steps = len(splits)
-        policy.before_backward(run.module, weight=weight)  # BSP overlap: arm the buckets
         # BSP on a data-parallel engine: the loss scaled by the step's weight, so the gradients
         # come out weighted and the average makes no pass over them to scale them
         scale = policy.loss_scale(weight) if engine.takes_loss_scale else 1.0
-        loss, out = engine.compute(x, y, self.loss_fn, poison, loss_scale=scale)
+        # before_backward: BSP with overlap arms its buckets for the (last) backward pass
+        loss, out = engine.compute(
+            x, y, self.loss_fn, poison, loss_scale=scale, pieces=cfg.accumulate,
+            before_backward=lambda: policy.before_backward(run.module, weight=weight),
+        )  # fmt: skip
         self.cpu.end_compute()
         compute_s = engine.step_time(controller.timer_stop(tc))
         dog.kick(step, "sync")
@@ -166,6 +171,7 @@ class TrainStep:
                 skipped=bool(bad),
                 lr=run.scheduler.get_last_lr()[0],
                 **({"local_steps": local_steps} if cfg.inner_steps == "speed" else {}),
+                **({"grad_norm": run.clip.norm} if run.clip is not None else {}),
                 **({"batch_sizes": sizes.tolist()} if self.rank == 0 and self.size > 1 else {}),
                 **engine.step_fields(),
                 **(

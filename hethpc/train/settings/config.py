@@ -102,15 +102,49 @@ class TrainConfig:
     epochs: int = _f(5, "passes over the training set")
     max_steps: int = _f(0, "stop after this many steps in total (0: run every epoch)")
     batch_size: int = _f(128, "global batch: the sum of every rank's batch, kept fixed")
-    optimizer: str = _f("sgd", "optimizer", choices=("sgd", "adam"))
+    optimizer: str = _f(
+        "sgd",
+        "optimizer: adamw is Adam with decoupled weight decay (docs/training-job.md)",
+        choices=("sgd", "adam", "adamw"),
+    )
     lr: float = _f(0.05, "learning rate")
     momentum: float = _f(0.9, "SGD momentum")
-    weight_decay: float = _f(0.0, "L2 weight decay")
+    weight_decay: float = _f(
+        0.0,
+        "weight decay: L2 (added to the gradient, on every parameter) for sgd and adam, "
+        "decoupled for adamw (the weights shrink by lr x weight_decay each step; biases and "
+        "norm parameters not, unless --decay-norms-biases)",
+    )
+    decay_norms_biases: bool = _f(
+        False,
+        "adamw: decay the parameters of fewer than 2 dimensions too (biases, norm layers' "
+        "scales and shifts); off: they are not decayed",
+    )
     lr_schedule: str = _f(
         "constant",
         "learning-rate schedule over all steps: constant, cosine, step (x0.1 at each third), "
         "or wsd (constant, then down in a straight line to 0 over the last 20 % of the steps)",
         choices=("constant", "cosine", "step", "wsd"),
+    )
+    warmup_steps: int = _f(
+        0,
+        "learning-rate warmup: the first N steps rise in a straight line to --lr (step s at "
+        "lr x (s + 1) / N), then --lr-schedule runs over the steps that remain; 0: none",
+    )
+    clip_grad_norm: float = _f(
+        0.0,
+        "clip each step's gradient to this global L2 norm: under BSP (and selsync with "
+        "--aggregation grads on its syncs) the averaged gradient of the whole batch, after the "
+        "allreduce, alike on every rank; on a local step (selsync, fedavg, local, ssp) this "
+        "rank's own gradient; 0: no clipping (docs/training-job.md)",
+    )
+    accumulate: int = _f(
+        1,
+        "gradient accumulation: compute each rank's share of a step's batch in N micro-"
+        "batches of nearly equal size, their gradients summed by size into that of the whole "
+        "share (the same step, up to float rounding, in less memory; BatchNorm sees each "
+        "micro-batch alone); 1: one pass",
+        operational=True,
     )
     seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
     # Synchronisation

@@ -94,6 +94,8 @@ def validate(cfg: TrainConfig) -> None:
         "threshold",
         "weight_decay",
         "staleness",
+        "warmup_steps",
+        "clip_grad_norm",
     ):
         if getattr(cfg, name) < 0:
             raise ConfigError(
@@ -119,6 +121,7 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"{name} must be in [0, 1), got {getattr(cfg, name)}", key=name
             )
+    _check_optimisation(cfg)
     # What the policy is (its traits), for the settings that need a policy of some kind.
     policy, traits, named = policy_class(cfg.sync), policy_traits(cfg), policy_named(cfg)
     if cfg.outer_optimizer != "none" and not traits.averages_parameters:
@@ -219,6 +222,45 @@ def validate(cfg: TrainConfig) -> None:
             f"resume_changes names unknown setting(s) {unknown}; use setting names such "
             "as 'lr,epochs'",
             key="resume_changes",
+        )
+
+
+def _check_optimisation(cfg: TrainConfig) -> None:
+    """``decay_norms_biases`` with adamw only; ``accumulate`` and ``clip_grad_norm`` where
+    they are built (not on pipeline stages)."""
+    if cfg.decay_norms_biases and cfg.optimizer != "adamw":
+        raise ConfigError(
+            f"decay_norms_biases = true chooses what adamw decays, but optimizer = "
+            f"{cfg.optimizer!r} adds weight_decay to every parameter's gradient; use "
+            "optimizer adamw, or drop decay_norms_biases",
+            key="decay_norms_biases",
+        )
+    if cfg.accumulate < 1:
+        raise ConfigError(
+            f"accumulate must be at least 1 (micro-batches per step; 1: no accumulation), got "
+            f"{cfg.accumulate}",
+            key="accumulate",
+        )
+    if cfg.accumulate > cfg.batch_size:
+        raise ConfigError(
+            f"accumulate = {cfg.accumulate} splits each rank's batch into more micro-batches "
+            f"than the whole batch_size = {cfg.batch_size} has samples; use accumulate "
+            f"{cfg.batch_size} or less",
+            key="accumulate",
+        )
+    if cfg.accumulate > 1 and cfg.pipeline_stages > 1:
+        raise ConfigError(
+            f"accumulate = {cfg.accumulate} splits each step's batch into micro-batches, which "
+            f"pipeline stages already do; with pipeline_stages > 1 use micro_batches (now "
+            f"{cfg.micro_batches}) instead, and accumulate 1",
+            key="accumulate",
+        )
+    if cfg.clip_grad_norm > 0 and cfg.pipeline_stages > 1:
+        raise ConfigError(
+            f"clip_grad_norm = {cfg.clip_grad_norm} clips the norm of the whole model's "
+            "gradient, but each pipeline stage holds only its own part (a norm across the "
+            "stages is not built); use clip_grad_norm 0 with pipeline_stages > 1",
+            key="clip_grad_norm",
         )
 
 
