@@ -29,6 +29,7 @@ class BSP(SyncPolicy):
             the step's weight before each ``loss.backward()``. Off (default): one allreduce
             after the backward pass (``docs/training-job.md`` compares the two).
         bucket_bytes: target bytes per bucket with ``overlap``.
+        compression: how the gradients travel, weighted first (see :class:`SyncPolicy`).
     """
 
     name = "bsp"
@@ -61,7 +62,7 @@ class BSP(SyncPolicy):
         if self._buckets is None:
             self._buckets = GradientBuckets(
                 list(model.parameters()), group=self.group, bucket_bytes=self.bucket_bytes,
-                check=self.check_weights,
+                check=self.check_weights, codec=self.codec,
             )  # fmt: skip
         self._buckets.arm(weight)
 
@@ -102,7 +103,7 @@ class BSP(SyncPolicy):
                 )
             nbytes = average_gradients_(
                 model.parameters(), weight=weight, group=self.group, check=self.check_weights,
-                prescaled=prescaled,
+                prescaled=prescaled, codec=self.codec,
             )  # fmt: skip
         votes = comm.size() if self.group is None else self.group.size
         seconds = time.perf_counter() - t0

@@ -53,7 +53,7 @@ class Coordinator:
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
             ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
             ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
-            ``slowdown_mode``, ``transport``.
+            ``slowdown_mode``, ``transport``, ``compression``.
 
     Raises:
         ConfigError: a setting is invalid, naming it.
@@ -64,7 +64,7 @@ class Coordinator:
         "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "staleness",
         "outer_optimizer",
         "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
-        "slowdown", "slowdown_mode", "transport",
+        "slowdown", "slowdown_mode", "transport", "compression",
     })  # fmt: skip
 
     def __init__(

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
+from hethpc.sync.compression import parse_compression
 from hethpc.sync.factory import policy_class
 from hethpc.train.errors import ConfigError
 from hethpc.train.settings.policy import policy_named, policy_traits
@@ -166,6 +167,7 @@ def validate(cfg: TrainConfig) -> None:
             "bsp and pipeline_stages 1, or turn it off",
             key="overlap",
         )
+    _check_compression(cfg)
     if cfg.inner_steps == "speed" and not traits.accepts_inner_steps:
         raise ConfigError(
             f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
@@ -219,6 +221,27 @@ def validate(cfg: TrainConfig) -> None:
             f"resume_changes names unknown setting(s) {unknown}; use setting names such "
             "as 'lr,epochs'",
             key="resume_changes",
+        )
+
+
+def _check_compression(cfg: TrainConfig) -> None:
+    """``compression``: a codec's name that the policy can send with, and no pipeline."""
+    try:
+        codec = parse_compression(cfg.compression)
+    except ValueError as e:
+        raise ConfigError(str(e), key="compression") from None
+    offered = policy_class(cfg.sync).compressions
+    if codec.name not in offered:
+        raise ConfigError(
+            f"compression = {cfg.compression!r} is not built for sync {cfg.sync} (it takes "
+            f"{list(offered)}); use one of those, or compression none",
+            key="compression",
+        )
+    if codec.compresses and cfg.pipeline_stages > 1:
+        raise ConfigError(
+            f"compression = {cfg.compression!r} is not built for the replicas of a pipeline "
+            "yet (issue 41); use compression none with pipeline_stages > 1",
+            key="compression",
         )
 
 
