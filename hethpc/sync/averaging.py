@@ -26,6 +26,7 @@ from hethpc.sync.compressed import allreduce_flat_, average_tensors_
 from hethpc.sync.compression import Codec
 from hethpc.sync.errors import SyncError
 from hethpc.sync.gradient_buffer import gradient_buffer
+from hethpc.sync.powersgd import PowerSGD
 
 
 def _reduce_(
@@ -177,7 +178,8 @@ def average_gradients_(
             compressing codec gets the weighted gradients (so the sum is the weighted sum up
             to its error), and the weight check then goes in a tiny exact allreduce of its own
             (:func:`agree`) instead of riding in the buffer, where 16 bits would blur a
-            sample's share of a large batch.
+            sample's share of a large batch. :class:`~hethpc.sync.powersgd.PowerSGD` sends
+            low-rank factors in two allreduces.
 
     Returns:
         The bytes of the gradients this rank put on the wire (compressed, with a codec).
@@ -204,7 +206,11 @@ def average_gradients_(
         raw = payload_bytes(grads)
         if codec is None:
             return raw
-        wire = sum(codec.wire_bytes(g.numel(), g.dtype) for g in grads)
+        if isinstance(codec, PowerSGD):  # nothing to send; the step counts
+            wire = codec.step_bytes([tuple(g.shape) for g in grads], grads[0].element_size())
+            codec.step += 1
+        else:
+            wire = sum(codec.wire_bytes(g.numel(), g.dtype) for g in grads)
         codec.tally.add(raw, wire)
         return wire
     if check and compressed:
@@ -220,6 +226,14 @@ def average_gradients_(
         row = buffer.extra
         row.copy_(torch.tensor(weight_row(weight), dtype=row.dtype))
         tolerance = max(WEIGHT_TOLERANCE, 4 * n * torch.finfo(row.dtype).eps)
+    if isinstance(codec, PowerSGD):
+
+        def allreduce(flat: torch.Tensor, part: str) -> None:
+            comm.allreduce_(flat, ReduceOp.SUM, group=group, name=f"{name}.powersgd.{part}")
+
+        wire = codec.reduce_(buffer.views, allreduce)
+        codec.tally.add(buffer.nbytes, wire)
+        return wire
     if codec is not None and compressed:
         return sum(
             allreduce_flat_(flat, ReduceOp.SUM, codec, group=group, name=f"{name}.{i}")

@@ -4,14 +4,14 @@ A codec turns a flat buffer into the tensor that crosses the link (``compress``)
 (``decompress``); :mod:`~hethpc.sync.compressed` allreduces through one. The casts (fp16,
 bf16) are sums of 16-bit floats: each rank rounds what it sends once, and every partial sum is
 rounded again on the way (:func:`cast_error_bound`). Plain functions and small classes, tested
-without MPI; one class per kind, picked by name from :data:`COMPRESSIONS` (as Horovod's
-``Compression.fp16``).
+without MPI; one class per kind (PowerSGD in :mod:`~hethpc.sync.powersgd`), picked by name
+from :data:`hethpc.sync.codecs.COMPRESSIONS` (as Horovod's ``Compression.fp16``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -82,6 +82,14 @@ class Codec:
         """Bytes on the wire for ``numel`` elements of ``dtype``."""
         return numel * self.wire_dtype(dtype).itemsize
 
+    def state_dict(self) -> dict[str, Any]:
+        """What it carries from step to step (nothing, but for PowerSGD)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`."""
+        return None
+
 
 class Cast(Codec):
     """Floating-point buffers travel as a 16-bit float type; other dtypes, and buffers already
@@ -125,24 +133,6 @@ class Bf16(Cast):
 
     name = "bf16"
     dtype = torch.bfloat16
-
-
-# The registry of codecs by name: the choices of the ``compression`` setting, in this order.
-COMPRESSIONS: dict[str, type[Codec]] = {c.name: c for c in (Codec, Fp16, Bf16)}
-
-
-def parse_compression(text: str) -> Codec:
-    """The codec a ``compression`` setting names: ``none``, ``fp16`` or ``bf16``.
-
-    Raises:
-        ValueError: the name is unknown (the message lists the choices).
-    """
-    key = text.strip().lower()
-    if key not in COMPRESSIONS:
-        raise ValueError(
-            f"compression {text!r} is unknown; choose one of {list(COMPRESSIONS)}"
-        )
-    return COMPRESSIONS[key]()
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -18,7 +18,8 @@ from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree, agree_step
 from hethpc.sync.averaging import average_model_, gradient_bytes, optimizer_state_tensors
-from hethpc.sync.compression import Codec, parse_compression
+from hethpc.sync.codecs import parse_compression
+from hethpc.sync.compression import Codec
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer
@@ -73,7 +74,8 @@ class SyncPolicy(abc.ABC):
             ``optimizer.step()`` (:mod:`~hethpc.sync.state_average`); :meth:`settle` completes
             it earlier. Only for policies that average parameters.
         compression: how its averages travel: a :class:`~hethpc.sync.compression.Codec` or
-            its name (``"none"``, ``"fp16"``, ``"bf16"``; those in :attr:`compressions`).
+            its name (``"none"``, ``"fp16"``, ``"bf16"``, ``"powersgd:4"``; those in
+            :attr:`compressions`).
             Gradients are weighted before compressing; parameters travel as their difference
             from the last average (the outer optimizer's start point, for DiLoCo: the
             pseudo-gradient), which this policy then keeps (a copy of the parameters); the
@@ -96,7 +98,7 @@ class SyncPolicy(abc.ABC):
     accepts_inner_steps: ClassVar[bool] = False
     separate_weight_check: ClassVar[bool] = False
     exchange: ClassVar[str] = "averages parameters"
-    # The compressions (names in hethpc.sync.compression.COMPRESSIONS) it can send with.
+    # The compressions (names in hethpc.sync.codecs.COMPRESSIONS) it can send with.
     compressions: ClassVar[tuple[str, ...]] = ("none", "fp16", "bf16")
 
     def __init__(
@@ -457,6 +459,7 @@ class SyncPolicy(abc.ABC):
             "drift": None if self.drift is None else self.drift.state_dict(),
             "compression": self.codec.spec(),
             "tally": [self.codec.tally.raw, self.codec.tally.wire],
+            "codec": self.codec.state_dict(),
             "reference": self._reference,
         }
 
@@ -485,6 +488,7 @@ class SyncPolicy(abc.ABC):
         # Without a saved reference, replicas that differ send their values at the next
         # average, which sets the reference (see step).
         self.codec.tally.raw, self.codec.tally.wire = map(int, state.get("tally", (0, 0)))
+        self.codec.load_state_dict(state.get("codec") or {})
         self._reference = state.get("reference") if self._keeps_reference() else None
         parts = (
             ("outer", self.outer, "an outer optimizer", ("one", "none"), "outer_optimizer"),

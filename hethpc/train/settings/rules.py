@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
-from hethpc.sync.compression import parse_compression
+from hethpc.sync.codecs import parse_compression
 from hethpc.sync.factory import policy_class
 from hethpc.train.errors import ConfigError
 from hethpc.train.settings.policy import policy_named, policy_traits
@@ -225,7 +225,8 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def _check_compression(cfg: TrainConfig) -> None:
-    """``compression``: a codec's name that the policy can send with, and no pipeline."""
+    """``compression``: a codec's name that the policy can send with (powersgd: BSP without
+    overlap), and no pipeline."""
     try:
         codec = parse_compression(cfg.compression)
     except ValueError as e:
@@ -235,6 +236,12 @@ def _check_compression(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"compression = {cfg.compression!r} is not built for sync {cfg.sync} (it takes "
             f"{list(offered)}); use one of those, or compression none",
+            key="compression",
+        )
+    if codec.name == "powersgd" and cfg.overlap:
+        raise ConfigError(
+            f"compression = {cfg.compression!r} compresses whole gradients after the backward "
+            "pass, not overlap's buckets; turn overlap off, or use compression fp16 or bf16",
             key="compression",
         )
     if codec.compresses and cfg.pipeline_stages > 1:
