@@ -220,9 +220,8 @@ def test_replicas_that_differ_without_a_reference_send_their_values_once() -> No
     [
         ({"compression": "int3"}, r"compression 'int3' is unknown; choose none, fp16"),
         ({"compression": "fp16", "sync": "ssp"}, r"not built for sync ssp \(it takes \['none'\]"),
-        ({"compression": "bf16", "pipeline_stages": 2}, "not built for the replicas of a pipeline"),
     ],
-    ids=["unknown", "ssp", "pipeline"],
+    ids=["unknown", "ssp"],
 )
 def test_bad_compression_settings_are_named(kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as e:

@@ -1,8 +1,9 @@
 """jobs/train.py with --compression under mpirun: killed and resumed, a run ends bit for bit
 where the uninterrupted one did, the compression's state (PowerSGD's error buffers and Q, the
-parameter averages' reference) carried by the checkpoints.
+parameter averages' reference) carried by the checkpoints; the replicas of a pipeline's stages
+stay identical.
 
-Tiny runs (MNIST-1D, 2 ranks, 50 steps) launched by ``scripts/mpirun.sh``; skipped when pytest
+Tiny runs (MNIST-1D, 2 or 4 ranks, 50 steps) launched by ``scripts/mpirun.sh``; skipped when pytest
 itself runs under mpirun.
 """
 
@@ -28,16 +29,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(cache: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    cache: Path, run_dir: Path, *extra: str, np: int = 2
+) -> subprocess.CompletedProcess[str]:
     argv = [
         "--samples", "2000", "--batch-size", "64", "--epochs", "2", "--model", "mlp",
         "--cache-dir", str(cache), "--run-dir", str(run_dir), "--checkpoint-every", "10",
         "--progress", "false", "--watchdog-s", "60", *extra,
     ]  # fmt: skip
     return subprocess.run(
-        [str(MPIRUN), "-np", "2", sys.executable, str(JOB), *argv],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": "120", "OMP_NUM_THREADS": "1"},
+        [str(MPIRUN), "-np", str(np), sys.executable, str(JOB), *argv],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={**os.environ, "HETHPC_MPIRUN_TIMEOUT": "180", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
 
 
@@ -108,3 +111,25 @@ def test_a_resume_that_changes_the_compression_is_refused_unless_allowed(
                 "max_steps,compression", "--compression", "bf16")  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((run / "summary.json").read_text())["compression"] == "bf16"
+
+
+@pytest.mark.parametrize("compression", ["fp16", "powersgd:2"])
+def test_the_replicas_of_each_pipeline_stage_stay_identical(
+    tmp_path: Path, compression: str
+) -> None:
+    """P = 2 stages x D = 2 replicas: each stage's replicas average their gradients compressed
+    (the policy runs over the stage's replica group) and end with the same parameters."""
+    run = tmp_path / "run"
+    proc = _run(tmp_path / "cache", run, "--pipeline-stages", "2", "--compression", compression,
+                "--eval-every", "0", np=4)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = _final(run)["ranks"]
+    stages: dict[tuple[str, ...], list[dict]] = {}
+    for state in ranks:  # the replicas of a stage hold the same layers
+        stages.setdefault(tuple(state["model"]), []).append(state["model"])
+    assert sorted(len(v) for v in stages.values()) == [2, 2]
+    for replicas in stages.values():
+        for k, v in replicas[0].items():
+            assert torch.equal(v, replicas[1][k]), k
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["compression"] == compression and summary["compression_ratio"] > 1.9

@@ -226,7 +226,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def _check_compression(cfg: TrainConfig) -> None:
     """``compression``: a codec's name that the policy can send with (powersgd: BSP without
-    overlap), and no pipeline."""
+    overlap)."""
     try:
         codec = parse_compression(cfg.compression)
     except ValueError as e:
@@ -242,12 +242,6 @@ def _check_compression(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"compression = {cfg.compression!r} compresses whole gradients after the backward "
             "pass, not overlap's buckets; turn overlap off, or use compression fp16 or bf16",
-            key="compression",
-        )
-    if codec.compresses and cfg.pipeline_stages > 1:
-        raise ConfigError(
-            f"compression = {cfg.compression!r} is not built for the replicas of a pipeline "
-            "yet (issue 41); use compression none with pipeline_stages > 1",
             key="compression",
         )
 
