@@ -176,7 +176,8 @@ def test_compressed_parameter_averages_keep_a_reference_in_their_state() -> None
     start = [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    policy.step(model, opt)  # synchronises: the reference becomes the averaged parameters
+    for _ in range(2):  # each synchronises: the reference becomes the averaged parameters
+        policy.step(model, opt)
     state = policy.state_dict()
     assert state["compression"] == "fp16"
     for ref, p, s in zip(state["reference"], model.parameters(), start, strict=True):
@@ -184,7 +185,8 @@ def test_compressed_parameter_averages_keep_a_reference_in_their_state() -> None
         assert not torch.equal(ref, s)
     again = SelSync(threshold=0.0, compression="fp16")
     again.load_state_dict(state)
-    assert again.summary().compression_ratio == policy.summary().compression_ratio == 2.0
+    # The first average travelled uncompressed (no reference yet), the second in fp16.
+    assert again.summary().compression_ratio == policy.summary().compression_ratio == 2 / 1.5
     assert again.state_dict()["reference"] is state["reference"]
     # Another compression may follow (the job asks for --resume-changes): the reference stays
     # where it is still needed, and goes where it is not.
@@ -196,10 +198,12 @@ def test_compressed_parameter_averages_keep_a_reference_in_their_state() -> None
     assert plain.state_dict()["reference"] is None
 
 
-def test_replicas_that_differ_without_a_reference_send_their_values_once() -> None:
-    """Resumed from an uncompressed run after local steps: no reference is common to the
-    replicas, so the next average sends the values, and sets the reference."""
+def test_the_first_average_travels_uncompressed_and_sets_the_reference() -> None:
+    """Before a run's first average no parameters are known to be common to the replicas
+    (they may have started unequal, or resumed from an uncompressed run after local steps):
+    that average sends the values as they are, and its result is the reference."""
     model = _model()
+    numel = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     plain = FedAvg(period=2)
     for p in model.parameters():
@@ -208,11 +212,13 @@ def test_replicas_that_differ_without_a_reference_send_their_values_once() -> No
     policy = FedAvg(period=2, compression="fp16")
     policy.load_state_dict(plain.state_dict())
     assert policy.state_dict()["reference"] is None
-    policy.step(model, opt)  # the average
+    assert policy.step(model, opt).bytes == 4 * numel  # the average, in float32
     ref = policy.state_dict()["reference"]
     assert ref is not None
     for r, p in zip(ref, model.parameters(), strict=True):
         assert torch.equal(r, p.detach())
+    policy.step(model, opt)
+    assert policy.step(model, opt).bytes == 2 * numel  # the next one, in fp16
 
 
 @pytest.mark.parametrize(
@@ -240,7 +246,7 @@ def test_fit_and_coordinator_take_the_keyword(tmp_path: Path) -> None:
     y = rng.integers(0, 3, 60)
     x = rng.normal(0, 0.3, (60, 4)).astype(np.float32) + np.eye(4, dtype=np.float32)[y]
     result = hethpc.fit(
-        nn.Linear(4, 3), (x, y), batch_size=10, epochs=1, sync="fedavg", compression="bf16",
+        nn.Linear(4, 3), (x, y), batch_size=10, epochs=1, compression="bf16",
         run_dir=str(tmp_path / "run"), progress=False,
     )  # fmt: skip
     s = result.summary

@@ -94,7 +94,9 @@ def test_a_killed_compressed_run_resumes_bit_identically(
         for k, v in w.get("model", want["model"]).items():
             assert torch.equal(v, g.get("model", got["model"])[k]), (r, k)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["compression_ratio"] > 1.9  # powersgd counts its 10 plain steps too
+    # Each counts what it sent uncompressed: powersgd its 10 plain steps, fedavg its first
+    # average (12 of 13 in fp16: 1.86).
+    assert summary["compression_ratio"] > 1.8
 
 
 def test_a_resume_that_changes_the_compression_is_refused_unless_allowed(

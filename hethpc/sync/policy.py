@@ -78,9 +78,10 @@ class SyncPolicy(abc.ABC):
             :attr:`compressions`).
             Gradients are weighted before compressing; parameters travel as their difference
             from the last average (the outer optimizer's start point, for DiLoCo: the
-            pseudo-gradient), which this policy then keeps (a copy of the parameters); the
-            optimizer's state in bf16 (see :mod:`~hethpc.sync.state_average`). Every rank
-            must use the same. The summary's ``bytes`` count what went on the wire.
+            pseudo-gradient), which this policy then keeps (a copy of the parameters; the
+            run's first average, before there is one, travels uncompressed); the optimizer's
+            state in bf16 (see :mod:`~hethpc.sync.state_average`). Every rank must use the
+            same. The summary's ``bytes`` count what went on the wire.
     """
 
     name: ClassVar[str] = ""
@@ -209,8 +210,6 @@ class SyncPolicy(abc.ABC):
         """
         if self.outer is not None:
             self.outer.start(model)  # the first step's parameters: the first start point
-        elif self._keeps_reference():
-            self._hold_reference(model)
         # One pass over the gradients: only for the records, or for a policy that decides by it.
         norm = (
             gradient_norm(model.parameters(), kind=self.norm_kind)
@@ -293,24 +292,17 @@ class SyncPolicy(abc.ABC):
         keeps its own start point; replicas kept equal are never averaged)."""
         return self.codec.compresses and not self.keeps_replicas_equal and self.outer is None
 
-    def _hold_reference(self, model: torch.nn.Module) -> None:
-        """Take the parameters as the reference while the replicas are equal (the start), and
-        keep it on their device."""
-        params = [p.detach() for p in model.parameters()]
-        if self._reference is None:
-            if not self._diverged:
-                self._reference = [p.clone() for p in params]
-        elif self._reference[0].device != params[0].device:  # restored on the CPU
-            pairs = zip(self._reference, params, strict=True)
-            self._reference = [r.to(p.device) for r, p in pairs]
-
-    def _reference_point(self) -> list[torch.Tensor] | None:
-        """The parameters every replica had at the last average (or the start)."""
-        if not self.codec.compresses:
-            return None
+    def _reference_point(self, model: torch.nn.Module) -> list[torch.Tensor] | None:
+        """The parameters every replica had at the last average: the outer optimizer's start
+        point, or this policy's own reference (on the model's device); None before the run's
+        first average, when no parameters are known to be common to the replicas."""
         if self.outer is not None:
             return self.outer.start_point
-        return self._reference
+        ref = self._reference
+        device = next(model.parameters()).device
+        if ref is not None and ref[0].device != device:  # restored from a checkpoint on the CPU
+            ref = self._reference = [r.to(device) for r in ref]
+        return ref
 
     def _round_weight(self, weight: float | None) -> float | None:
         """This rank's share of the samples processed since the last parameter average (its
@@ -331,10 +323,16 @@ class SyncPolicy(abc.ABC):
         if self.drift is not None:
             self.drift.begin(p.data for p in model.parameters())
         w = self._round_weight(weight)
+        reference = self._reference_point(model) if self.codec.compresses else None
+        # Compressed, the replicas send their difference from a reference; the run's first
+        # average has none known to be common (replicas that started unequal would stay
+        # apart), so it travels uncompressed and sets it.
+        send = self.codec if reference is not None or not self.codec.compresses else None
         nbytes = average_model_(
-            model, weight=w, group=self.group, codec=self.codec,
-            reference=self._reference_point(),
-        )  # fmt: skip
+            model, weight=w, group=self.group, codec=send, reference=reference
+        )
+        if send is None:
+            self.codec.tally.add(nbytes, nbytes)
         if self._keeps_reference():  # the averaged parameters: the next round's reference
             averaged = [p.detach() for p in model.parameters()]
             if self._reference is None:
@@ -485,8 +483,7 @@ class SyncPolicy(abc.ABC):
         self._round_sum = float(state.get("round_sum", 0.0))
         self._round_n = int(state.get("round_n", 0))
         # Another compression may follow (a job refuses it unless --resume-changes names it).
-        # Without a saved reference, replicas that differ send their values at the next
-        # average, which sets the reference (see step).
+        # Without a saved reference the next average travels uncompressed and sets it.
         self.codec.tally.raw, self.codec.tally.wire = map(int, state.get("tally", (0, 0)))
         self.codec.load_state_dict(state.get("codec") or {})
         self._reference = state.get("reference") if self._keeps_reference() else None

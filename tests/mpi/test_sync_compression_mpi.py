@@ -145,17 +145,24 @@ def test_the_weight_check_stays_exact_under_compression(world: tuple[int, int]) 
 
 
 def _averaged(
-    world: tuple[int, int], policy: SyncPolicy, *, lr: float = 0.1
+    world: tuple[int, int], policy: SyncPolicy, *, lr: float = 0.1, first: bool = True
 ) -> tuple[nn.Module, list[torch.Tensor], list[list[torch.Tensor]], list[float]]:
     """One local SGD step on every rank (unequal weights), then the policy's average; returns
-    the model, the start parameters, every rank's step ``x_k - x_0`` and the weights."""
+    the model, the start parameters, every rank's step ``x_k - x_0`` and the weights. With
+    ``first``, an average before it (a run's first travels uncompressed and sets the
+    reference the next ones send their difference from)."""
     r, n = world
     sizes = _sizes(n)
     weights = [s / sum(sizes) for s in sizes]
     model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    if first:
+        x, y = _batch(r, 1, sizes[r])
+        nn.functional.cross_entropy(model(x), y).backward()
+        policy.step(model, opt, weight=weights[r])
+        opt.zero_grad()
     start = [p.detach().clone() for p in model.parameters()]
     moves = [[-lr * g for g in _grads(model, k, 0, sizes[k])] for k in range(n)]
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
     x, y = _batch(r, 0, sizes[r])
     nn.functional.cross_entropy(model(x), y).backward()
     policy.step(model, opt, weight=weights[r])
@@ -175,7 +182,7 @@ def test_compressed_parameter_averages_are_within_the_bound(
         else SelSync(threshold=0.0, compression=compression)  # every warm-up step syncs
     )
     model, start, moves, weights = _averaged(world, policy)
-    assert policy.summary().synced_steps == 1
+    assert policy.summary().synced_steps == 2
     largest = 0.0
     for i, p in enumerate(model.parameters()):
         # What travels is the weighted difference from the last average, not the parameters.
@@ -198,7 +205,9 @@ def test_diloco_pseudo_gradients_compressed_move_the_outer_step_within_the_bound
     for compression in ("none", "fp16"):
         outer = OuterOptimizer("nesterov", lr=lr, momentum=momentum)
         policy = FedAvg(period=1, outer=outer, compression=compression)
-        model, start, moves, weights = _averaged(world, policy)
+        # The outer optimizer's start point is common from the first step: compressed at once.
+        model, start, moves, weights = _averaged(world, policy, first=False)
+        assert policy.summary().compression_ratio == (2.0 if compression == "fp16" else 1.0)
         results[compression] = [p.detach().clone() for p in model.parameters()]
     for i, (half, full) in enumerate(zip(results["fp16"], results["none"], strict=True)):
         parts = torch.stack([w * m[i] for w, m in zip(weights, moves, strict=True)])
@@ -224,7 +233,8 @@ def test_the_optimizer_state_average_travels_in_bf16_under_fp16(world: tuple[int
         bound = cast_error_bound(parts, torch.bfloat16)
         _within(opt.state[p]["momentum_buffer"], parts.double().sum(0), bound, f"momentum {i}")
     numel = sum(p.numel() for p in model.parameters())
-    assert record.bytes == 2 * numel + 2 * numel  # parameters in fp16, momentum in bf16
+    # The run's first average: parameters in float32 (no reference yet), momentum in bf16.
+    assert record.bytes == 4 * numel + 2 * numel
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
