@@ -113,6 +113,13 @@ class PowerSGD(Codec):
             total += (n + m) * self.rank if low else n
         return total * itemsize
 
+    def skip_(self, grads: Sequence[torch.Tensor]) -> int:
+        """A world of one rank: nothing to send, the gradients stay; the step counts, and the
+        bytes it would have sent are returned (so a run's figures do not depend on its size)."""
+        nbytes = self.step_bytes([tuple(g.shape) for g in grads], grads[0].element_size())
+        self.step += 1
+        return nbytes
+
     def _q(self, i: int, m: int, like: torch.Tensor) -> torch.Tensor:
         q = self.qs.get(i)
         if q is None:
