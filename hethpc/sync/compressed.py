@@ -94,8 +94,10 @@ def allreduce_flat_(
     if group_size(group) == 1:
         return nbytes
     dtype = codec.wire_dtype(flat.dtype)
-    wire = _buffer(f"{name}.wire", dtype, flat.device, flat.numel())
-    sent = codec.compress(flat, wire if dtype != flat.dtype else None)
+    wire = None
+    if dtype != flat.dtype:
+        wire = _buffer(f"{name}.wire", dtype, flat.device, flat.numel())
+    sent = codec.compress(flat, wire)
     comm.allreduce_(sent, op, group=group, name=name)
     codec.decompress(sent, flat)
     return nbytes
