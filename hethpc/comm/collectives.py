@@ -4,6 +4,8 @@ in place, async, grouped).
 GPU tensors go to Horovod directly when it was built with GPU operations (NCCL or CUDA-aware
 MPI); otherwise they are staged through pinned host buffers reused across calls
 (:mod:`hethpc.comm.staging`), so any Horovod build works, and the fallback is logged once.
+bfloat16 tensors always go through mpi4py (:mod:`hethpc.comm.mpi_tensors`): Horovod's PyTorch
+binding refuses them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ def _needs_staging(tensors: Sequence[torch.Tensor]) -> bool:
     return True
 
 
+def _horovod(tensors: Sequence[torch.Tensor]) -> Any:
+    """horovod.torch when it carries these tensors; None when mpi4py does (transport "mpi",
+    or a bfloat16 tensor, which Horovod refuses)."""
+    hvd = state().hvd
+    if hvd is None or any(t.dtype == torch.bfloat16 for t in tensors):
+        return None
+    return hvd
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -85,7 +96,7 @@ def allreduce(
     g = resolve(group)
     if g.size == 1:
         return tensor * prescale if prescale != 1.0 else tensor.clone()
-    hvd = state().hvd
+    hvd = _horovod([tensor])
     if hvd is None:
         return allreduce_(tensor.detach().clone(), op, prescale=prescale, group=g, name=name)
     if _needs_staging([tensor]):
@@ -121,7 +132,7 @@ def allreduce_(
         return tensor.mul_(prescale) if prescale != 1.0 else tensor
     st = state()
     t0 = time.perf_counter()
-    hvd = st.hvd
+    hvd = _horovod([tensor])
     if hvd is None:
         mpi_tensors.allreduce_(st.mpi, g.mpi_comm, tensor, op.value, prescale)
         emulate_collective(t0, "allreduce", _nbytes([tensor]), g.size)
@@ -189,7 +200,7 @@ def allreduce_async_(
     if g.size == 1:
         return Pending(tensor, tensor, None, t0, g)
     st = state()
-    hvd = st.hvd
+    hvd = _horovod([tensor])
     if hvd is None:
         request = mpi_tensors.allreduce_async_(st.mpi, g.mpi_comm, tensor, op.value)
         return Pending(tensor, tensor, request, t0, g)
@@ -212,7 +223,7 @@ def grouped_allreduce(
         return [t * prescale if prescale != 1.0 else t.clone() for t in tensors]
     if not tensors:
         return []
-    hvd = state().hvd
+    hvd = _horovod(tensors)
     if hvd is None or _needs_staging(tensors):
         outs = [t.detach().clone() for t in tensors]
         return grouped_allreduce_(outs, op, prescale=prescale, group=g, name=name)

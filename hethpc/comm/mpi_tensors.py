@@ -3,8 +3,9 @@
 Horovod is then never started, so no background thread polls MPI: a small allreduce costs
 what MPI takes (about 0.1-0.2 ms for 32 KB between two ranks on the 2-core host) instead of
 waiting for Horovod's cycle (about 1.2 ms; ``benchmarks/NOTES.md``). Tensors are reduced in
-place in their own memory (CPU; a GPU tensor is staged through a host copy). Half-precision
-tensors are reduced as float32 copies (MPI has no 16-bit float sum). Nonblocking allreduces
+place in their own memory (CPU; a GPU tensor is staged through a host copy). 16-bit floats
+(float16, bfloat16) travel as 16 bits, summed by an MPI operation of hethpc's own (MPI has no
+16-bit float sum): what a compressed average sends is what crosses the link. Nonblocking allreduces
 (``Iallreduce``) must be started in the same order on every rank, which hethpc's callers do
 (gradient hooks fire in the model's order, the optimizer state after the parameters).
 """
@@ -18,9 +19,32 @@ import torch
 from hethpc.comm import staging, waiting
 
 _HALF = (torch.float16, torch.bfloat16)
+# The MPI operations that combine 16-bit floats, by (dtype, op), created on first use.
+_half_ops: dict[tuple[torch.dtype, str], Any] = {}
 
 
-def _op(mpi: Any, op: str) -> Any:
+def _half_op(mpi: Any, dtype: torch.dtype, op: str) -> Any:
+    """An MPI operation combining ``dtype`` elements carried as 16-bit integers; each partial
+    result is rounded to ``dtype`` (as Horovod's float16 sum does)."""
+    key = (dtype, op)
+    if key not in _half_ops:
+        combine = {
+            "sum": torch.Tensor.add_,
+            "average": torch.Tensor.add_,
+            "min": lambda b, a: torch.minimum(b, a, out=b),
+            "max": lambda b, a: torch.maximum(b, a, out=b),
+        }[op]
+
+        def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            combine(torch.frombuffer(inoutbuf, dtype=dtype), torch.frombuffer(inbuf, dtype=dtype))
+
+        _half_ops[key] = mpi.Op.Create(apply, commute=True)
+    return _half_ops[key]
+
+
+def _op(mpi: Any, op: str, dtype: torch.dtype = torch.float32) -> Any:
+    if dtype in _HALF:
+        return _half_op(mpi, dtype, op)
     return {"sum": mpi.SUM, "average": mpi.SUM, "min": mpi.MIN, "max": mpi.MAX}[op]
 
 
@@ -31,17 +55,19 @@ class _Work:
         self.tensor = tensor
         if tensor.is_cuda:
             buf = staging.host_copy(tensor)
-        elif not tensor.is_contiguous() or tensor.dtype in _HALF:
+        elif not tensor.is_contiguous():
             buf = tensor.detach().clone().contiguous()
         else:
             buf = tensor.detach()
-        if buf.dtype in _HALF:
-            buf = buf.float()
         if prescale != 1.0:
             buf.mul_(prescale)
         self.buf = buf
 
-    def array(self) -> Any:
+    def array(self, mpi: Any) -> Any:
+        """The buffer as MPI takes it: 16-bit floats as 16-bit integers, which
+        :func:`_half_op` reads back as floats."""
+        if self.buf.dtype in _HALF:
+            return [self.buf.view(torch.int16).numpy(), mpi.INT16_T]
         return self.buf.numpy()
 
     def finish(self, op: str, size: int) -> torch.Tensor:
@@ -62,7 +88,8 @@ def allreduce_(mpi: Any, comm: Any, tensor: torch.Tensor, op: str, prescale: flo
     """Reduce ``tensor`` in place over ``comm`` (returns when done; waits without spinning)."""
     work = _Work(tensor, prescale)
     waiting.arrive(comm)
-    waiting.wait(comm.Iallreduce(mpi.IN_PLACE, work.array(), op=_op(mpi, op)))
+    reduce = _op(mpi, op, work.buf.dtype)
+    waiting.wait(comm.Iallreduce(mpi.IN_PLACE, work.array(mpi), op=reduce))
     work.finish(op, comm.Get_size())
 
 
@@ -80,7 +107,7 @@ class Request:
 def allreduce_async_(mpi: Any, comm: Any, tensor: torch.Tensor, op: str) -> Request:
     """Start reducing ``tensor`` in place over ``comm``; returns at once."""
     work = _Work(tensor, 1.0)
-    request = comm.Iallreduce(mpi.IN_PLACE, work.array(), op=_op(mpi, op))
+    request = comm.Iallreduce(mpi.IN_PLACE, work.array(mpi), op=_op(mpi, op, work.buf.dtype))
     return Request(work, request, op, comm.Get_size())
 
 

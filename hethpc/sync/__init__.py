@@ -2,7 +2,7 @@
 and, for those that average parameters, an outer optimizer (DiLoCo) and drift correction.
 
 The policies and their registry are exported here; the outer optimizer, drift correction,
-significance tracking and averaging are imported from their modules."""
+significance tracking, averaging and compression are imported from their modules."""
 
 from __future__ import annotations
 

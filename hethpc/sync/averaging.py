@@ -15,14 +15,18 @@ from hethpc import comm
 from hethpc.comm import Group, ReduceOp
 from hethpc.sync.agreement import (
     WEIGHT_TOLERANCE,
+    agree,
     check_weight,
     group_size,
     weight_message,
     weight_row,
     weights_wrong,
 )
+from hethpc.sync.compressed import allreduce_flat_, average_tensors_
+from hethpc.sync.compression import Codec
 from hethpc.sync.errors import SyncError
 from hethpc.sync.gradient_buffer import gradient_buffer
+from hethpc.sync.powersgd import PowerSGD
 
 
 def _reduce_(
@@ -71,7 +75,12 @@ def optimizer_state_tensors(
 
 
 def average_model_(
-    model: torch.nn.Module, *, weight: float | None = None, group: Group | None = None
+    model: torch.nn.Module,
+    *,
+    weight: float | None = None,
+    group: Group | None = None,
+    codec: Codec | None = None,
+    reference: list[torch.Tensor] | None = None,
 ) -> int:
     """Average parameters and buffers across ranks, in place: one fused allreduce.
 
@@ -84,15 +93,28 @@ def average_model_(
         model: the replica to average; its tensors are overwritten.
         weight: this rank's ``b_k / B`` (checked beforehand by :func:`agree`), or None.
         group: the ranks that average together (default: the world).
+        codec: how the floats travel (:mod:`~hethpc.sync.compression`); None: as they are.
+        reference: with a compressing ``codec``, the parameters at the last average (the
+            same on every rank): each parameter's difference from it travels, so the error
+            is relative to how far the replicas moved (for DiLoCo, the pseudo-gradient).
 
     Returns:
-        The payload bytes this rank put into the float allreduce.
+        The bytes this rank put into the float allreduce.
     """
     floats = [p.data for p in model.parameters()]
     floats += [b for b in model.buffers() if b.is_floating_point()]
-    _reduce_(floats, weight, group, "hethpc.sync.model")
+    if codec is not None and codec.compresses:
+        nbytes = average_tensors_(
+            floats, codec, weight=weight, group=group, name="hethpc.sync.model",
+            references=reference or (),
+        )  # fmt: skip
+    else:
+        _reduce_(floats, weight, group, "hethpc.sync.model")
+        nbytes = payload_bytes(floats)
+        if codec is not None:
+            codec.tally.add(nbytes, nbytes)
     _max_int_buffers_(model, group)
-    return payload_bytes(floats)
+    return nbytes
 
 
 def average_buffers_(
@@ -126,6 +148,7 @@ def average_gradients_(
     name: str = "hethpc.sync.grads",
     check: bool = False,
     prescaled: bool = False,
+    codec: Codec | None = None,
 ) -> int:
     """Average the gradients of ``parameters`` across ranks, in place: one allreduce.
 
@@ -151,9 +174,15 @@ def average_gradients_(
         prescaled: the gradients already hold ``weight`` (or ``1 / N``) times themselves (the
             caller scaled the loss before the backward pass): they are summed as they are,
             without a scaling pass; ``weight`` is still checked with ``check``.
+        codec: how the buffer travels (:mod:`~hethpc.sync.compression`); None: as it is. A
+            compressing codec gets the weighted gradients (so the sum is the weighted sum up
+            to its error), and the weight check then goes in a tiny exact allreduce of its own
+            (:func:`agree`) instead of riding in the buffer, where 16 bits would blur a
+            sample's share of a large batch. :class:`~hethpc.sync.powersgd.PowerSGD` sends
+            low-rank factors in two allreduces.
 
     Returns:
-        The payload bytes of the gradients this rank put into the allreduce.
+        The bytes of the gradients this rank put on the wire (compressed, with a codec).
 
     Raises:
         SyncError: with ``check``, on every rank, when the weights are inconsistent (the
@@ -163,6 +192,7 @@ def average_gradients_(
     if not params:
         return 0
     n = group_size(group)
+    compressed = codec is not None and codec.compresses
     if n == 1:
         if check and weights_wrong(weight_row(weight), 1, WEIGHT_TOLERANCE):
             raise SyncError(weight_message(np.array([weight_row(weight)]), WEIGHT_TOLERANCE))
@@ -173,22 +203,48 @@ def average_gradients_(
             grads.append(p.grad)
         if weight is not None and weight != 1.0 and not prescaled:
             torch._foreach_mul_(grads, weight)
-        return payload_bytes(grads)
+        raw = payload_bytes(grads)
+        if codec is None:
+            return raw
+        if isinstance(codec, PowerSGD):
+            wire = codec.skip_(grads)
+        else:
+            wire = sum(codec.wire_bytes(g.numel(), g.dtype) for g in grads)
+        codec.tally.add(raw, wire)
+        return wire
+    if check and compressed:
+        agree(True, weight, group=group)  # exact, before anything is summed
     scale = (1.0 / n if weight is None else float(weight)) if check_weight(weight) else 0.0
     if prescaled:
         scale = 1.0 if check_weight(weight) else 0.0
-    buffer = gradient_buffer(name, params, extra=3 if check else 0)
+    rides = check and not compressed
+    buffer = gradient_buffer(name, params, extra=3 if rides else 0)
     buffer.pack_(params, scale)
     tolerance = 0.0
-    if check:
+    if rides:
         row = buffer.extra
         row.copy_(torch.tensor(weight_row(weight), dtype=row.dtype))
         tolerance = max(WEIGHT_TOLERANCE, 4 * n * torch.finfo(row.dtype).eps)
+    if isinstance(codec, PowerSGD):
+
+        def allreduce(flat: torch.Tensor, part: str) -> None:
+            comm.allreduce_(flat, ReduceOp.SUM, group=group, name=f"{name}.powersgd.{part}")
+
+        wire = codec.reduce_(buffer.views, allreduce)
+        codec.tally.add(buffer.nbytes, wire)
+        return wire
+    if codec is not None and compressed:
+        return sum(
+            allreduce_flat_(flat, ReduceOp.SUM, codec, group=group, name=f"{name}.{i}")
+            for i, flat in enumerate(buffer.flats)
+        )
     for i, flat in enumerate(buffer.flats):
         comm.allreduce_(flat, ReduceOp.SUM, group=group, name=f"{name}.{i}")
-    if check and weights_wrong(buffer.extra.tolist(), n, tolerance):
+    if rides and weights_wrong(buffer.extra.tolist(), n, tolerance):
         table = comm.allgather_array(np.array(weight_row(weight)), group)
         raise SyncError(weight_message(table, tolerance))
+    if codec is not None:
+        codec.tally.add(buffer.nbytes, buffer.nbytes)
     return buffer.nbytes
 
 

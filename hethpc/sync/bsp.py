@@ -13,6 +13,7 @@ from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.errors import SyncError
 from hethpc.sync.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
 from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.powersgd import PowerSGD
 
 
 class BSP(SyncPolicy):
@@ -29,6 +30,8 @@ class BSP(SyncPolicy):
             the step's weight before each ``loss.backward()``. Off (default): one allreduce
             after the backward pass (``docs/training-job.md`` compares the two).
         bucket_bytes: target bytes per bucket with ``overlap``.
+        compression: how the gradients travel, weighted first (see :class:`SyncPolicy`);
+            also ``"powersgd[:RANK]"`` (:mod:`~hethpc.sync.powersgd`), without ``overlap``.
     """
 
     name = "bsp"
@@ -39,6 +42,7 @@ class BSP(SyncPolicy):
     keeps_replicas_equal = True
     separate_weight_check = True
     exchange = "averages gradients"
+    compressions = ("none", "fp16", "bf16", "powersgd")
 
     def __init__(
         self,
@@ -48,6 +52,11 @@ class BSP(SyncPolicy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if overlap and isinstance(self.codec, PowerSGD):
+            raise ValueError(
+                "powersgd compresses whole gradients after the backward pass, not overlapped "
+                "buckets; turn overlap off, or use compression fp16 or bf16"
+            )
         if int(bucket_bytes) < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
         self.overlap = bool(overlap)
@@ -61,7 +70,7 @@ class BSP(SyncPolicy):
         if self._buckets is None:
             self._buckets = GradientBuckets(
                 list(model.parameters()), group=self.group, bucket_bytes=self.bucket_bytes,
-                check=self.check_weights,
+                check=self.check_weights, codec=self.codec,
             )  # fmt: skip
         self._buckets.arm(weight)
 
@@ -102,7 +111,7 @@ class BSP(SyncPolicy):
                 )
             nbytes = average_gradients_(
                 model.parameters(), weight=weight, group=self.group, check=self.check_weights,
-                prescaled=prescaled,
+                prescaled=prescaled, codec=self.codec,
             )  # fmt: skip
         votes = comm.size() if self.group is None else self.group.size
         seconds = time.perf_counter() - t0

@@ -105,6 +105,12 @@ class OuterOptimizer:
             if self.momentum > 0.0:
                 self._buf = [torch.zeros_like(t) for t in self._start]
 
+    @property
+    def start_point(self) -> list[torch.Tensor] | None:
+        """The parameters of the last outer step (the first: of the first :meth:`start`), the
+        same on every rank; None before the first."""
+        return self._start
+
     def apply(self, model: torch.nn.Module) -> None:
         """Replace ``model``'s just-averaged parameters by the outer step's result."""
         params = self._params(model)

@@ -9,11 +9,14 @@ from hethpc import comm
 from hethpc.comm import Group, Pending, ReduceOp, transfer_buffer
 from hethpc.sync.agreement import (
     WEIGHT_TOLERANCE,
+    agree,
     check_weight,
     weight_message,
     weight_row,
     weights_wrong,
 )
+from hethpc.sync.compressed import PendingFlat, allreduce_flat_async_
+from hethpc.sync.compression import Codec
 from hethpc.sync.errors import SyncError
 from hethpc.sync.gradient_buffer import put_scaled_grad_
 
@@ -43,8 +46,11 @@ class GradientBuckets:
             and device.
         group: the ranks that average (default: the world).
         bucket_bytes: target bytes per bucket.
-        check: check the weights inside the last bucket (see ``average_gradients_``).
+        check: check the weights inside the last bucket (see ``average_gradients_``); with a
+            compressing ``codec``, in a tiny exact allreduce of their own at :meth:`finish`.
         name: prefix of the Horovod operation names.
+        codec: how each bucket travels (:mod:`~hethpc.sync.compression`), compressed from
+            the weighted gradients; None: as it is.
 
     Raises:
         ValueError: the parameters mix dtypes or devices, or none needs a gradient.
@@ -58,6 +64,7 @@ class GradientBuckets:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         check: bool = True,
         name: str = "hethpc.sync.bucket",
+        codec: Codec | None = None,
     ) -> None:
         params = [p for p in parameters if p.requires_grad][::-1]
         if not params:
@@ -69,11 +76,18 @@ class GradientBuckets:
                 "turn overlap off for mixed-precision models"
             )
         self.group, self.check, self.name = group, check, name
+        self.codec = codec if codec is not None else Codec()
         self.params = params
         n = sum(p.numel() for p in params)
-        extra = 3 if check else 0
+        # Compressed, the check cannot ride exactly: it goes apart (see finish).
+        extra = 3 if check and not self.codec.compresses else 0
         self.flat = transfer_buffer(n + extra, params[0].dtype, params[0].device)
         self.row = self.flat[n:]
+        dtype = self.codec.wire_dtype(self.flat.dtype)
+        # The compressed copy of each bucket, in the same place as the bucket in ``flat``.
+        self.wire = (
+            transfer_buffer(n, dtype, params[0].device) if dtype != self.flat.dtype else None
+        )
         self.views: list[torch.Tensor] = []
         self.bucket_of: list[int] = []
         self.bounds: list[tuple[int, int]] = []  # element range of each bucket
@@ -98,12 +112,12 @@ class GradientBuckets:
         self._weight: float | None = None
         self._seen = np.zeros(len(params), dtype=bool)
         self._filled = np.zeros(len(self.bounds), dtype=np.int64)
-        self._pending: list[Pending] = []
+        self._pending: list[Pending | PendingFlat] = []
 
     @property
     def nbytes(self) -> int:
-        """Payload bytes of the gradients (the weight check's elements excluded)."""
-        return sum(p.numel() for p in self.params) * self.flat.element_size()
+        """Bytes of the gradients on the wire (the weight check's elements excluded)."""
+        return self.codec.wire_bytes(sum(p.numel() for p in self.params), self.flat.dtype)
 
     def arm(self, weight: float | None) -> None:
         """Get ready for the next backward pass, with this rank's weight for this step."""
@@ -156,11 +170,18 @@ class GradientBuckets:
 
     def _fire(self, b: int) -> None:
         lo, hi = self.bounds[b]
-        self._pending.append(
-            comm.allreduce_async_(
-                self.flat[lo:hi], ReduceOp.SUM, group=self.group, name=f"{self.name}.{b}"
+        name = f"{self.name}.{b}"
+        if not self.codec.compresses:
+            pending = comm.allreduce_async_(
+                self.flat[lo:hi], ReduceOp.SUM, group=self.group, name=name
             )
+            self._pending.append(pending)
+            return
+        wire = None if self.wire is None else self.wire[lo:hi]
+        flat_pending, _ = allreduce_flat_async_(
+            self.flat[lo:hi], ReduceOp.SUM, self.codec, group=self.group, name=name, wire=wire
         )
+        self._pending.append(flat_pending)
 
     def finish(self) -> None:
         """Send what the hooks did not (parameters without a gradient, the last bucket), wait
@@ -176,13 +197,18 @@ class GradientBuckets:
             self._take(int(i))
             self._filled[self.bucket_of[i]] += 1
         self._fire_ready()
-        if self.check:
+        rides = self.check and not self.codec.compresses
+        if rides:
             self.row.copy_(torch.tensor(weight_row(self._weight), dtype=self.row.dtype))
         self._fire(len(self.bounds) - 1)
         for pending in self._pending:
             pending.wait()
         self._armed = False
-        if self.check:
+        if not self.codec.compresses:  # a compressing codec counted each bucket
+            self.codec.tally.add(self.nbytes, self.nbytes)
+        elif self.check:
+            agree(True, self._weight, group=self.group)  # exact, apart from the buckets
+        if rides:
             n = comm.size() if self.group is None else self.group.size
             tolerance = max(WEIGHT_TOLERANCE, 4 * n * torch.finfo(self.row.dtype).eps)
             if weights_wrong(self.row.tolist(), n, tolerance):

@@ -18,6 +18,8 @@ from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree, agree_step
 from hethpc.sync.averaging import average_model_, gradient_bytes, optimizer_state_tensors
+from hethpc.sync.codecs import parse_compression
+from hethpc.sync.compression import Codec
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.errors import SyncError
 from hethpc.sync.outer import OuterOptimizer
@@ -71,6 +73,15 @@ class SyncPolicy(abc.ABC):
             The state's allreduce runs while the next step computes and completes before its
             ``optimizer.step()`` (:mod:`~hethpc.sync.state_average`); :meth:`settle` completes
             it earlier. Only for policies that average parameters.
+        compression: how its averages travel: a :class:`~hethpc.sync.compression.Codec` or
+            its name (``"none"``, ``"fp16"``, ``"bf16"``, ``"powersgd:4"``; those in
+            :attr:`compressions`).
+            Gradients are weighted before compressing; parameters travel as their difference
+            from the last average (the outer optimizer's start point, for DiLoCo: the
+            pseudo-gradient), which this policy then keeps (a copy of the parameters; the
+            run's first average, before there is one, travels uncompressed); the optimizer's
+            state in bf16 (see :mod:`~hethpc.sync.state_average`). Every rank must use the
+            same. The summary's ``bytes`` count what went on the wire.
     """
 
     name: ClassVar[str] = ""
@@ -88,6 +99,8 @@ class SyncPolicy(abc.ABC):
     accepts_inner_steps: ClassVar[bool] = False
     separate_weight_check: ClassVar[bool] = False
     exchange: ClassVar[str] = "averages parameters"
+    # The compressions (names in hethpc.sync.codecs.COMPRESSIONS) it can send with.
+    compressions: ClassVar[tuple[str, ...]] = ("none", "fp16", "bf16")
 
     def __init__(
         self,
@@ -98,7 +111,14 @@ class SyncPolicy(abc.ABC):
         outer: OuterOptimizer | None = None,
         drift: DriftCorrection | None = None,
         optimizer_state: bool = False,
+        compression: Codec | str = "none",
     ) -> None:
+        codec = parse_compression(compression) if isinstance(compression, str) else compression
+        if codec.name not in self.compressions:
+            raise ValueError(
+                f"compression {codec.spec()!r} is not built for sync {self.name!r}; it takes "
+                f"{list(self.compressions)}"
+            )
         optional = (
             ("an outer optimizer", outer),
             ("drift correction", drift),
@@ -118,7 +138,11 @@ class SyncPolicy(abc.ABC):
         self.outer = outer
         self.drift = drift
         self.optimizer_state = bool(optimizer_state)
-        self._state_average = StateAverage() if optimizer_state else None
+        self.codec = codec
+        self._state_average = StateAverage(codec=codec) if optimizer_state else None
+        # Compressed parameter averages send the difference from this: the parameters at the
+        # last average (the same on every rank); the outer optimizer's start point has it.
+        self._reference: list[torch.Tensor] | None = None
         self.group = group
         self.keep_records = keep_records
         self.check_weights = check_weights
@@ -263,6 +287,23 @@ class SyncPolicy(abc.ABC):
             return agree(True, weight, group=self.group)
         return comm.size() if self.group is None else self.group.size
 
+    def _keeps_reference(self) -> bool:
+        """Whether compressed parameter averages need :attr:`_reference` (the outer optimizer
+        keeps its own start point; replicas kept equal are never averaged)."""
+        return self.codec.compresses and not self.keeps_replicas_equal and self.outer is None
+
+    def _reference_point(self, model: torch.nn.Module) -> list[torch.Tensor] | None:
+        """The parameters every replica had at the last average: the outer optimizer's start
+        point, or this policy's own reference (on the model's device); None before the run's
+        first average, when no parameters are known to be common to the replicas."""
+        if self.outer is not None:
+            return self.outer.start_point
+        ref = self._reference
+        device = next(model.parameters()).device
+        if ref is not None and ref[0].device != device:  # restored from a checkpoint on the CPU
+            ref = self._reference = [r.to(device) for r in ref]
+        return ref
+
     def _round_weight(self, weight: float | None) -> float | None:
         """This rank's share of the samples processed since the last parameter average (its
         mean ``b_k / B`` over those steps); None without weights."""
@@ -282,7 +323,23 @@ class SyncPolicy(abc.ABC):
         if self.drift is not None:
             self.drift.begin(p.data for p in model.parameters())
         w = self._round_weight(weight)
-        nbytes = average_model_(model, weight=w, group=self.group)
+        reference = self._reference_point(model) if self.codec.compresses else None
+        # Compressed, the replicas send their difference from a reference; the run's first
+        # average has none known to be common (replicas that started unequal would stay
+        # apart), so it travels uncompressed and sets it.
+        send = self.codec if reference is not None or not self.codec.compresses else None
+        nbytes = average_model_(
+            model, weight=w, group=self.group, codec=send, reference=reference
+        )
+        if send is None:
+            self.codec.tally.add(nbytes, nbytes)
+        if self._keeps_reference():  # the averaged parameters: the next round's reference
+            averaged = [p.detach() for p in model.parameters()]
+            if self._reference is None:
+                self._reference = [p.clone() for p in averaged]
+            else:
+                with torch.no_grad():
+                    torch._foreach_copy_(self._reference, averaged)
         if self._state_average is not None and optimizer is not None:
             state = optimizer_state_tensors(optimizer, model.parameters())
             nbytes += self._state_average.start(state, w, self.group)
@@ -377,6 +434,8 @@ class SyncPolicy(abc.ABC):
             bsp_bytes=self._bsp_bytes,
             bytes_vs_bsp=self._bytes / self._bsp_bytes if self._bsp_bytes else 0.0,
             sync_s=self._sync_s,
+            compression=self.codec.spec(),
+            compression_ratio=self.codec.tally.ratio,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -396,6 +455,10 @@ class SyncPolicy(abc.ABC):
             "round_n": self._round_n,
             "outer": None if self.outer is None else self.outer.state_dict(),
             "drift": None if self.drift is None else self.drift.state_dict(),
+            "compression": self.codec.spec(),
+            "tally": [self.codec.tally.raw, self.codec.tally.wire],
+            "codec": self.codec.state_dict(),
+            "reference": self._reference,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -419,6 +482,11 @@ class SyncPolicy(abc.ABC):
         self._last_weight = None if w is None else float(w)
         self._round_sum = float(state.get("round_sum", 0.0))
         self._round_n = int(state.get("round_n", 0))
+        # Another compression may follow (a job refuses it unless --resume-changes names it).
+        # Without a saved reference the next average travels uncompressed and sets it.
+        self.codec.tally.raw, self.codec.tally.wire = map(int, state.get("tally", (0, 0)))
+        self.codec.load_state_dict(state.get("codec") or {})
+        self._reference = state.get("reference") if self._keeps_reference() else None
         parts = (
             ("outer", self.outer, "an outer optimizer", ("one", "none"), "outer_optimizer"),
             ("drift", self.drift, "drift correction", ("it on", "it off"), "drift_correction"),

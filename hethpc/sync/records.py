@@ -20,7 +20,8 @@ class SyncRecord:
         synced: whether the step synchronised (SYNC) or stayed local (LOCAL).
         sync_s: seconds spent in this step's collectives (vote and allreduces) on this rank.
         compute_s: seconds of forward and backward, as passed to ``step`` (``nan`` if not).
-        bytes: payload bytes this rank put into tensor allreduces this step.
+        bytes: bytes this rank put on the wire in tensor allreduces this step (compressed,
+            when the policy compresses).
         nonfinite: the ranks whose loss or gradients were not finite, when the caller passed
             ``finite`` to ``step``; non-empty means every rank skipped the step (no update).
     """
@@ -55,10 +56,14 @@ class SyncSummary:
         steps: steps taken.
         synced_steps: steps that synchronised.
         sync_fraction: ``synced_steps / steps`` (0 before the first step).
-        bytes: payload bytes this rank put into tensor allreduces.
+        bytes: bytes this rank put on the wire in tensor allreduces (compressed, when the
+            policy compresses).
         bsp_bytes: what BSP would have put in: one gradient allreduce per step.
         bytes_vs_bsp: ``bytes / bsp_bytes`` (0 before the first step).
         sync_s: seconds spent in collectives, summed over the steps.
+        compression: the compression its averages travelled with (``"none"``, ``"fp16"``).
+        compression_ratio: bytes its averages would have sent uncompressed over the bytes
+            they sent (2.0 for fp16 of float32; 1.0 uncompressed).
     """
 
     policy: str
@@ -69,6 +74,8 @@ class SyncSummary:
     bsp_bytes: int
     bytes_vs_bsp: float
     sync_s: float
+    compression: str = "none"
+    compression_ratio: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, for logs and JSON."""

@@ -11,6 +11,7 @@ import torch
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree_step
 from hethpc.sync.averaging import average_gradients_
+from hethpc.sync.compression import Codec
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.sync.policy import Outcome, SyncPolicy
@@ -62,6 +63,7 @@ class SelSync(SyncPolicy):
             parameter averages; only with ``aggregation="params"``.
         optimizer_state: average the optimizer's state (momentum) with the parameters; only
             with ``aggregation="params"`` (see :class:`~hethpc.sync.policy.SyncPolicy`).
+        compression: how its averages travel (see :class:`~hethpc.sync.policy.SyncPolicy`).
 
     Raises:
         ValueError: a setting is out of range or unknown.
@@ -105,6 +107,7 @@ class SelSync(SyncPolicy):
         outer: OuterOptimizer | None = None,
         drift: DriftCorrection | None = None,
         optimizer_state: bool = False,
+        compression: Codec | str = "none",
     ) -> None:
         if aggregation not in AGGREGATIONS:
             raise ValueError(
@@ -133,7 +136,7 @@ class SelSync(SyncPolicy):
                 )
         super().__init__(
             group=group, keep_records=keep_records, outer=outer, drift=drift,
-            optimizer_state=optimizer_state,
+            optimizer_state=optimizer_state, compression=compression,
         )  # fmt: skip
         self.tracker = SignificanceTracker(threshold=threshold, window=window, criterion=criterion)
         self.max_local_steps = None if max_local_steps is None else int(max_local_steps)
@@ -185,7 +188,9 @@ class SelSync(SyncPolicy):
             self._local_run += 1
         nbytes = 0
         if synced and self.aggregation == "grads":
-            nbytes = average_gradients_(model.parameters(), weight=weight, group=self.group)
+            nbytes = average_gradients_(
+                model.parameters(), weight=weight, group=self.group, codec=self.codec
+            )
         seconds += time.perf_counter() - t0
         optimizer.step()
         averaged = synced and self.aggregation == "params"

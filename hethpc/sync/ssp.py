@@ -71,6 +71,7 @@ class SSP(SyncPolicy):
     averages_while_training = False
     asynchronous = True
     exchange = "adds updates"
+    compressions = ("none",)  # its updates go through one-sided windows of float32
 
     def __init__(self, *, staleness: int = 2, **kwargs: Any) -> None:
         if isinstance(staleness, bool) or int(staleness) != staleness or staleness < 0:

@@ -6,6 +6,10 @@ optimizer's state (SGD's momentum, Adam's moments) is read only by the next
 asynchronously right after the parameters' and completed just before it is needed: on a slow
 link the transfer overlaps a whole step of compute (under link emulation too: the emulated
 time counts from the start). The result is the same as a blocking average, bit for bit.
+
+With a compressing codec the state travels in a 16-bit type with float32's range (bf16, also
+under fp16: Adam's second moments reach far below fp16's smallest normal number, and a
+second moment rounded to zero makes its parameter's next update huge).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from hethpc import comm
-from hethpc.comm import Group, Pending, ReduceOp, transfer_buffer
+from hethpc.comm import Group, ReduceOp, transfer_buffer
+from hethpc.sync.compressed import PendingFlat, allreduce_flat_async_
+from hethpc.sync.compression import Codec
 
 
 class StateAverage:
@@ -24,11 +29,19 @@ class StateAverage:
     Call :meth:`start` after a parameter average and :meth:`settle` before anything reads the
     tensors (the next ``optimizer.step()``, a checkpoint); every rank calls both at the same
     points, with the same tensors' shapes.
+
+    Args:
+        name: prefix of the collectives' names.
+        codec: how the state travels (its :meth:`~hethpc.sync.compression.Codec.range_safe`
+            form); None: as it is.
     """
 
-    def __init__(self, name: str = "hethpc.sync.optimizer_state") -> None:
+    def __init__(
+        self, name: str = "hethpc.sync.optimizer_state", codec: Codec | None = None
+    ) -> None:
         self.name = name
-        self._pending: list[tuple[Pending, list[torch.Tensor]]] = []
+        self.codec = (codec if codec is not None else Codec()).range_safe()
+        self._pending: list[tuple[PendingFlat, list[torch.Tensor]]] = []
         # The flat copies, reused from one average to the next (the last one is settled first).
         self._flats: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -61,9 +74,11 @@ class StateAverage:
             if weight is not None:
                 flat.mul_(float(weight))
             op = ReduceOp.AVERAGE if weight is None else ReduceOp.SUM
-            pending = comm.allreduce_async_(flat, op, group=group, name=f"{self.name}.{i}")
+            pending, sent = allreduce_flat_async_(
+                flat, op, self.codec, group=group, name=f"{self.name}.{i}"
+            )
             self._pending.append((pending, same))
-            nbytes += flat.numel() * flat.element_size()
+            nbytes += sent
         return nbytes
 
     @torch.no_grad()

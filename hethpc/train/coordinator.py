@@ -54,7 +54,7 @@ class Coordinator:
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
             ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
             ``batching``, ``weights``, ``batch_interval``, ``b_min``, ``slowdown``,
-            ``slowdown_mode``, ``transport``, ``clip_grad_norm`` (clipped inside
+            ``slowdown_mode``, ``transport``, ``compression``, ``clip_grad_norm`` (clipped inside
             ``optimizer.step()`` by a step pre-hook on ``optimizer``: under BSP the averaged
             gradient, on local steps this rank's own; see ``--clip-grad-norm``).
 
@@ -73,7 +73,7 @@ class Coordinator:
         "sync", "threshold", "sync_window", "aggregation", "fedavg_period", "staleness",
         "outer_optimizer",
         "outer_lr", "outer_momentum", "batching", "weights", "batch_interval", "b_min",
-        "slowdown", "slowdown_mode", "transport", "clip_grad_norm",
+        "slowdown", "slowdown_mode", "transport", "compression", "clip_grad_norm",
     })  # fmt: skip
 
     def __init__(

@@ -167,6 +167,7 @@ def make_policy(cfg: TrainConfig, *, group: Group | None = None) -> SyncPolicy:
     return policy(
         **policy_settings(cfg), **checks, group=group, keep_records=False, outer=outer,
         drift=drift_correction(cfg), optimizer_state=averages_optimizer_state(cfg),
+        compression=cfg.compression,
     )  # fmt: skip
 
 

@@ -166,6 +166,7 @@ class TrainStep:
                 own_s=own_s,
                 cpu_share=self.cpu.share,
                 sync_s=sync_s,
+                bytes=record.bytes if record is not None and not bad else 0,  # on the wire
                 synced=is_synced,
                 decision="SYNC" if is_synced else "LOCAL",
                 skipped=bool(bad),

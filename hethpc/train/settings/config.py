@@ -211,6 +211,15 @@ class TrainConfig:
     drift_smoothing: float = _f(
         1.0, "drift correction: weight of the newest round in the average of rounds (0, 1]"
     )
+    compression: str = _f(
+        "none",
+        "what the sync policy sends, compressed: none, fp16 or bf16 (16-bit floats: half the "
+        "bytes of every gradient, parameter and optimizer-state average; gradients weighted by "
+        "b_k / B before compressing, parameters sent as their change since the last average), "
+        "or powersgd[:RANK] (sync bsp without overlap: rank-RANK factors of each matrix-shaped "
+        "gradient with error feedback, rank 4 if not given, after 10 plain steps). Worth it where "
+        "the link, not compute, bounds a step (docs/sync.md#compression)",
+    )
     transport: str = _f(
         "auto",
         "what carries the tensor collectives: mpi (mpi4py alone, Horovod not started: an "

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hethpc.comm import LinkError, parse_link
+from hethpc.sync.codecs import parse_compression
 from hethpc.sync.factory import policy_class
 from hethpc.train.errors import ConfigError
 from hethpc.train.settings.policy import policy_named, policy_traits
@@ -169,6 +170,7 @@ def validate(cfg: TrainConfig) -> None:
             "bsp and pipeline_stages 1, or turn it off",
             key="overlap",
         )
+    _check_compression(cfg)
     if cfg.inner_steps == "speed" and not traits.accepts_inner_steps:
         raise ConfigError(
             f"inner_steps = 'speed' sizes local steps between parameter averages, but sync "
@@ -261,6 +263,28 @@ def _check_optimisation(cfg: TrainConfig) -> None:
             "gradient, but each pipeline stage holds only its own part (a norm across the "
             "stages is not built); use clip_grad_norm 0 with pipeline_stages > 1",
             key="clip_grad_norm",
+        )
+
+
+def _check_compression(cfg: TrainConfig) -> None:
+    """``compression``: a codec's name that the policy can send with (powersgd: BSP without
+    overlap)."""
+    try:
+        codec = parse_compression(cfg.compression)
+    except ValueError as e:
+        raise ConfigError(str(e), key="compression") from None
+    offered = policy_class(cfg.sync).compressions
+    if codec.name not in offered:
+        raise ConfigError(
+            f"compression = {cfg.compression!r} is not built for sync {cfg.sync} (it takes "
+            f"{list(offered)}); use one of those, or compression none",
+            key="compression",
+        )
+    if codec.name == "powersgd" and cfg.overlap:
+        raise ConfigError(
+            f"compression = {cfg.compression!r} compresses whole gradients after the backward "
+            "pass, not overlap's buckets; turn overlap off, or use compression fp16 or bf16",
+            key="compression",
         )
 
 
