@@ -19,7 +19,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
-from hethpc.data.transform import to_inputs, to_targets
+from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import Pipeline
 from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.groups import make_pipeline_groups
@@ -306,14 +306,16 @@ class PipelineStage:
     ) -> float:
         """``metric`` through the pipelines (a collective over the world; equal everywhere)."""
         total = 0.0
+        sequence = is_sequence(data)
         self.module.eval()
         for i in range(0, len(data), batch):
             if tick is not None:
                 tick()
-            out = self.pipe.forward(to_inputs(data.x[i : i + batch]))  # scaled as in training
+            # as in training: uint8 scaled, token windows split into inputs and targets
+            x, y = to_batch(data.x[i : i + batch], data.y[i : i + batch], sequence=sequence)
+            out = self.pipe.forward(x)
             if out is not None:
-                y = to_targets(data.y[i : i + batch]).to(out.device)
-                total += float(metric(out, y)) * len(y)
+                total += float(metric(out, y.to(out.device))) * len(y)
         self.module.train()
         # Each replica's last stage scored every sample: average the replicas.
         summed = comm.allreduce_array(np.array([total]), ReduceOp.SUM)[0] / self.replicas

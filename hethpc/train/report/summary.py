@@ -14,6 +14,8 @@ SCORE_ROWS: tuple[Row, ...] = (
     ("test_mse", "test MSE (averaged model)", lambda v: f"{v:.4g}"),
     ("val_acc", "validation accuracy", lambda v: f"{100 * v:.2f} %"),
     ("val_mse", "validation MSE", lambda v: f"{v:.4g}"),
+    ("test_bpb", "test bits per byte (averaged model)", lambda v: f"{v:.3f}"),
+    ("val_bpb", "validation bits per byte", lambda v: f"{v:.3f}"),
 )
 ROWS: tuple[Row, ...] = (
     ("time_s", "training time", lambda v: f"{v:.1f} s"),
