@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import hethpc
 from hethpc import comm
 from hethpc.cli import convert
 from hethpc.cli.report import metric_label, time_to_baseline
@@ -213,3 +214,16 @@ def test_gpt_tiny_trains_through_the_job_and_bits_per_byte_fall(
     steps = [r for r in records if r["kind"] == "step"]
     assert all(0.0 <= r["acc"] <= 1.0 for r in steps)  # accuracy per position
     assert np.mean([r["acc"] for r in steps[-10:]]) > np.mean([r["acc"] for r in steps[:2]])
+
+
+def test_fit_trains_on_a_text_shard_directory(text: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = build_model("gpt_tiny", (CONTEXT,), 256)
+    result = hethpc.fit(
+        model, str(text / "train"), test_data=str(text / "test"), optimizer="adam", lr=3e-3,
+        batch_size=16, max_steps=20, eval_every=0, run_dir=str(tmp_path / "run"),
+        progress=False, log=lambda _msg: None,
+    )  # fmt: skip
+    s = result.summary
+    assert "test_acc" not in s and s["test_bpb"] < 6.0, s  # bits per byte, the default metric
+    assert s["final_loss"] < s["first_loss"] - 1.0, s

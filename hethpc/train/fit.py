@@ -12,6 +12,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
+from hethpc.data.adapt import in_memory
 from hethpc.models import ImportSpecError
 from hethpc.train.evaluation import Metric, default_metric
 from hethpc.train.losses import LOSSES, Loss, cross_entropy, make_loss, mse, same_shape
@@ -200,8 +201,7 @@ def fit(
     train_set = as_dataset(train_data, name="train_data")
     test_set = as_dataset(test_data, name="test_data") if test_data is not None else None
     if test_set is not None and not isinstance(test_set, ArrayDataset):
-        x, y = test_set.read(np.arange(len(test_set)))
-        test_set = ArrayDataset(np.asarray(x), np.asarray(y), int(test_set.num_classes))
+        test_set = in_memory(test_set)  # as stored, with its task (token windows stay so)
     _check_same_data(train_set)
     regression = _regression(train_set)
     if test_set is not None:
