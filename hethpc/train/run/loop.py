@@ -97,7 +97,8 @@ def train(
         log: where rank 0's messages go.
 
     Raises:
-        ConfigError: settings differ across ranks, or the run directory holds another run.
+        ConfigError: settings differ across ranks, the run directory holds another run, or
+            ``cfg.val_fraction`` is set for data that holds a ``val/`` split.
         ModelMismatchError: the ranks built different models.
         NonFiniteError: a NaN/Inf appeared and ``cfg.on_nonfinite == "stop"``.
         TrainingInterrupted: a ``KeyboardInterrupt`` (Ctrl-C) stopped the loop: the steps
@@ -150,6 +151,7 @@ def run_training(
             ``train_set`` by ``cfg.val_fraction``, or none.
 
     Raises:
+        ConfigError: ``val_set`` is given and ``cfg.val_fraction`` asks for another.
         TrainingInterrupted: a ``KeyboardInterrupt`` stopped the loop; it says how far this
             rank got and its latest complete checkpoint, and no collective is started after
             it (the other ranks may be stopped, or never learn of it).
