@@ -28,7 +28,9 @@ from hethpc.train.evaluation import (
     bits_per_byte,
     default_metric,
     evaluate,
+    evaluate_all,
     metric_key,
+    scored,
 )
 from hethpc.train.losses import cross_entropy, make_loss
 from hethpc.train.parts.build import check_outputs, example_inputs, input_shape, load_data
@@ -155,6 +157,9 @@ def test_evaluation_scores_bits_per_byte_of_the_next_bytes(text: Path) -> None:
     model = build_model("gpt_tiny", (CONTEXT,), 256)
     score = evaluate(model, val, metric=bits_per_byte)
     assert 7.0 < score < 9.5  # an untrained model is about a uniform guess: 8 bits
+    assert scored(bits_per_byte) == (bits_per_byte, accuracy)  # accuracy scored beside it
+    both = evaluate_all(model, val, scored(bits_per_byte), batch=100)  # one pass, other batches
+    assert both == pytest.approx([score, evaluate(model, val, metric=accuracy)], rel=1e-5)
 
 
 @pytest.mark.parametrize("partition", ["labels", "dirichlet", "site"])
@@ -205,8 +210,12 @@ def test_gpt_tiny_trains_through_the_job_and_bits_per_byte_fall(
     result = train(cfg, log=lambda _msg: None)
     s = result.summary
     records = [json.loads(line) for line in (tmp_path / "run/metrics/rank0.jsonl").open()]
-    scores = [r["val_bpb"] for r in records if r["kind"] == "epoch"]
+    evaluations = [r for r in records if r["kind"] == "epoch"]
+    scores = [r["val_bpb"] for r in evaluations]
     assert len(scores) == 8 and "test_bpb" not in records[-1]  # val/ during training
+    accuracies = [r["val_acc"] for r in evaluations]  # per position, beside bits per byte
+    assert all(0.0 < a < 1.0 for a in accuracies) and accuracies[-1] > accuracies[0], accuracies
+    assert 0.0 < s["val_acc"] < 1.0 and 0.0 < s["test_acc"] < 1.0, s
     assert s["first_loss"] / math.log(2) > 7.0, s  # untrained: about 8 bits per byte
     assert scores[-1] < scores[0] - 0.3 and scores[-1] < 4.5, scores
     assert s["val_bpb"] == pytest.approx(scores[-1]) and s["test_bpb"] < 4.5, s
@@ -225,5 +234,6 @@ def test_fit_trains_on_a_text_shard_directory(text: Path, tmp_path: Path) -> Non
         progress=False, log=lambda _msg: None,
     )  # fmt: skip
     s = result.summary
-    assert "test_acc" not in s and s["test_bpb"] < 6.0, s  # bits per byte, the default metric
+    assert s["test_bpb"] < 6.0, s  # bits per byte, the default metric
+    assert 0.0 < s["test_acc"] < 1.0, s  # and beside it the accuracy per position
     assert s["final_loss"] < s["first_loss"] - 1.0, s

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +38,17 @@ def default_metric(data: object) -> Metric:
     return bits_per_byte if is_sequence(data) else accuracy
 
 
+#: Metrics scored beside a run's metric, in the same pass over the data, each under its own key
+#: beside the metric's: accuracy per position beside bits per byte (``val_acc`` by ``val_bpb``).
+COMPANIONS: dict[Metric, tuple[Metric, ...]] = {bits_per_byte: (accuracy,)}
+
+
+def scored(metric: Metric) -> tuple[Metric, ...]:
+    """``metric`` and its companions (:data:`COMPANIONS`), in the order their scores are
+    recorded."""
+    return (metric, *COMPANIONS.get(metric, ()))
+
+
 def metric_key(metric: Metric) -> str:
     """The summary key of a metric: ``test_acc`` for :func:`accuracy`, else ``test_<name>``
     (``test_bpb`` for :func:`bits_per_byte`)."""
@@ -60,8 +71,20 @@ def evaluate(
     to [0, 1]; token windows split into inputs and next-token targets). ``tick`` is called
     after every batch.
     """
+    return evaluate_all(model, data, (metric,), batch=batch, tick=tick)[0]
+
+
+def evaluate_all(
+    model: nn.Module,
+    data: ArrayDataset,
+    metrics: Sequence[Metric],
+    *,
+    batch: int = 2048,
+    tick: Callable[[], None] | None = None,
+) -> list[float]:
+    """Each of ``metrics`` of ``model`` on all of ``data``, in one pass (see :func:`evaluate`)."""
     model.eval()
-    total = 0.0
+    totals = [0.0] * len(metrics)
     sequence = is_sequence(data)
     with torch.no_grad():
         device = next(model.parameters()).device
@@ -70,6 +93,8 @@ def evaluate(
                 tick()
             x, y = to_batch(data.x[i : i + batch], data.y[i : i + batch], sequence=sequence)
             x, y = x.to(device), y.to(device)
-            total += float(metric(model(x), y)) * len(y)
+            out = model(x)
+            for j, metric in enumerate(metrics):
+                totals[j] += float(metric(out, y)) * len(y)
     model.train()
-    return total / max(len(data), 1)
+    return [t / max(len(data), 1) for t in totals]

@@ -25,7 +25,7 @@ from hethpc.data import ArrayDataset, ShardedDataset
 from hethpc.data.holdout import holdout
 from hethpc.data.transform import is_sequence
 from hethpc.train.errors import TrainingInterrupted
-from hethpc.train.evaluation import Metric, accuracy, default_metric, metric_key
+from hethpc.train.evaluation import Metric, accuracy, default_metric, metric_key, scored
 from hethpc.train.keep.rng import seed_rank
 from hethpc.train.losses import cross_entropy, make_loss
 from hethpc.train.parts.assembly import assemble
@@ -255,10 +255,17 @@ def run_training(
             finish_policy(policy, module)
             policy.close()
             score = val_score = None
+            also: dict[str, float] = {}  # the companions' scores (accuracy beside bpb)
+            companions = [metric_key(m) for m in scored(metric)[1:]]
             if test_set is not None:
-                score = engine.evaluate(test_set, metric, tick=tick)
+                score, *rest = engine.evaluate(test_set, scored(metric), tick=tick)
+                also.update(zip(companions, rest, strict=True))
             if val_set is not None:
-                val_score = engine.evaluate(val_set, metric, tick=tick)
+                val_score, *rest = engine.evaluate(val_set, scored(metric), tick=tick)
+                also.update(
+                    ("val" + k.removeprefix("test"), v)
+                    for k, v in zip(companions, rest, strict=True)
+                )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where the job makes it one
         if bar is not None:
             bar.close()
@@ -274,6 +281,6 @@ def run_training(
             guard.remove()
     summary = summarize(
         cfg, run, tally, key=key, score=score, elapsed=elapsed, emulated=emulated,
-        run_dir=run_dir, val_score=val_score,
+        run_dir=run_dir, val_score=val_score, also=also,
     )  # fmt: skip
     return RunResult(summary=summary, model=module, run_dir=run_dir, checkpoint=last_path)
