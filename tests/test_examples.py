@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,20 @@ def test_the_coordinator_in_a_users_own_loop() -> None:
     acc, b0, b1 = float(m.group(1)), int(m.group(2)), int(m.group(3))
     assert acc > 80, out
     assert b0 + b1 == 256 and b0 > b1, out  # rank 1 is emulated 2x slower: a smaller share
+
+
+def test_the_text_example_trains_gpt_tiny_by_site_on_two_ranks(tmp_path: Path) -> None:
+    data, run = tmp_path / "stdlib64", tmp_path / "run"
+    stdlib = sysconfig.get_paths()["stdlib"]  # two packages of it: the README converts it all
+    _run("-m", "hethpc.cli.convert", "text", f"{stdlib}/json", f"{stdlib}/email",
+         "--context", "64", "--out", str(data), np=0)  # fmt: skip
+    out = _run("jobs/train.py", "--config", "examples/text/text.toml", "--data", str(data),
+               "--run-dir", str(run), "--max-steps", "60", "--eval-every-steps", "20",
+               "--progress", "false")  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    scores = [r["val_bpb"] for r in map(json.loads, (run / "metrics/rank0.jsonl").open())
+              if r["kind"] == "epoch"]  # fmt: skip
+    assert summary["config"]["partition"] == "site" and summary["world_size"] == 2, summary
+    assert len(scores) == 3 and scores[-1] < scores[0] < 6.0, (scores, out)  # 8: a guess
+    assert summary["test_bpb"] < 5.0, summary
+    assert out.count("validation bits per byte") == 4, out  # rank 0 speaks: 3 + the summary

@@ -14,6 +14,7 @@ from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
 from hethpc.data.sharded import ShardedDataset
 from hethpc.data.shared import open_dataset_shared
+from hethpc.data.transform import task_of
 
 
 def _array(value: Any, what: str) -> np.ndarray:
@@ -103,6 +104,14 @@ def from_torch(dataset: Any, *, name: str = "data") -> ArrayDataset:
         if isinstance(e, DatasetError):
             raise
         raise DatasetError(f"{name}: the items' x or y differ in shape ({e})") from e
+
+
+def in_memory(dataset: ShardedDataset, indices: np.ndarray | None = None) -> ArrayDataset:
+    """Samples of ``dataset`` (``indices``, default all) read into memory, as stored (uint8
+    stays uint8: evaluation scales it as training does), with the dataset's task."""
+    idx = np.arange(len(dataset)) if indices is None else np.asarray(indices, dtype=np.int64)
+    x, y = dataset.read(idx)
+    return ArrayDataset(np.asarray(x), np.asarray(y), int(dataset.num_classes), task_of(dataset))
 
 
 def as_dataset(data: Any, *, name: str = "data") -> ArrayDataset | ShardedDataset:

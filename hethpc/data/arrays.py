@@ -14,12 +14,16 @@ class ArrayDataset:
     Attributes:
         x: samples, shape ``[n, *sample_shape]``, float32.
         y: labels, shape ``[n]``, int64.
-        num_classes: number of distinct labels.
+        num_classes: number of distinct labels (the vocabulary for token windows).
+        task: what the samples are for, as a manifest's ``meta.task`` says it (``next-byte``:
+            token windows, see :func:`~hethpc.data.transform.is_sequence`); None: one label
+            (or target) per sample.
     """
 
     x: np.ndarray
     y: np.ndarray
     num_classes: int
+    task: str | None = None
 
     def __len__(self) -> int:
         return len(self.y)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hethpc.data.adapt import in_memory
 from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
 from hethpc.data.sharded import ShardedDataset
@@ -38,6 +39,5 @@ def holdout(
     """
     kept, held = holdout_indices(len(train), fraction, seed)
     if isinstance(train, ArrayDataset):
-        return kept, ArrayDataset(train.x[held], train.y[held], train.num_classes)
-    x, y = train.read(held)  # as stored: evaluate() scales uint8 as training does
-    return kept, ArrayDataset(np.asarray(x), np.asarray(y), int(train.num_classes))
+        return kept, ArrayDataset(train.x[held], train.y[held], train.num_classes, train.task)
+    return kept, in_memory(train, held)

@@ -15,7 +15,7 @@ from hethpc.data.prefetch import Prefetcher, running_mean, worth_prefetching
 from hethpc.data.shard_reads import ShardStreamReader
 from hethpc.data.sharded import ShardedDataset
 from hethpc.data.stream import SampleStream
-from hethpc.data.transform import to_inputs, to_targets
+from hethpc.data.transform import is_sequence, to_batch
 
 __all__ = ["MODES", "Batch", "Loader", "worth_prefetching"]
 
@@ -64,6 +64,8 @@ class Loader:
         shuffle_window: chunks shuffled together for a sharded dataset (memory, when it is
             read through HDF5: about three windows of this many chunks).
         normalize: cast uint8 samples to float32 in ``[0, 1]`` (others are cast to float32).
+            Token windows (:func:`~hethpc.data.transform.is_sequence`) are never scaled: each
+            batch is their first tokens and, as targets, their next ones.
 
     Raises:
         LoaderError: an unknown mode or prefetch setting, or ``partition`` without
@@ -103,6 +105,7 @@ class Loader:
         self._base = base
         self._chunk = dataset.chunk_samples if isinstance(dataset, ShardedDataset) else 1
         self._normalize = normalize
+        self._sequence = is_sequence(dataset)
         self._pos = 0
         self._step_in_epoch = 0
         # The last sizes asked for and their (offset, count, advance): a loop whose sizes
@@ -192,7 +195,7 @@ class Loader:
             # matter to training.
             idx = np.sort(self._stream.indices(start, count))
             x, y = self.dataset.x[idx], self.dataset.y[idx]
-        return to_inputs(x, normalize=self._normalize), to_targets(np.asarray(y))
+        return to_batch(x, y, sequence=self._sequence, normalize=self._normalize)
 
     def _check_sizes(self, sizes: Any) -> np.ndarray:
         s = np.asarray(sizes, dtype=np.int64).reshape(-1)
@@ -211,7 +214,8 @@ class Loader:
 
         Returns:
             ``x`` of shape ``[sizes[rank], *sample_shape]`` (float32) and ``y`` of shape
-            ``[sizes[rank]]`` (int64).
+            ``[sizes[rank]]`` (int64); for token windows of ``T + 1`` tokens, ``x`` and ``y``
+            both int64 ``[sizes[rank], T]`` (:func:`~hethpc.data.transform.next_tokens`).
 
         Raises:
             LoaderError: sizes of the wrong length, a global batch larger than the dataset, or

@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+#: Manifest ``meta.task`` values whose samples are token windows: the model reads a window's
+#: first tokens and predicts each one's next (``hethpc-convert text`` writes ``next-byte``).
+SEQUENCE_TASKS = frozenset({"next-byte"})
+
+
+def task_of(dataset: Any) -> str | None:
+    """The task a dataset declares: its manifest's ``meta.task`` (a
+    :class:`~hethpc.data.ShardedDataset`) or its ``task`` (an
+    :class:`~hethpc.data.ArrayDataset`); None when it declares none."""
+    manifest = getattr(dataset, "manifest", None)
+    if manifest is not None:
+        task = manifest.meta.get("task")
+        return task if isinstance(task, str) else None
+    return getattr(dataset, "task", None)
+
+
+def is_sequence(dataset: Any) -> bool:
+    """Whether ``dataset``'s samples are token windows with sequence targets (a task in
+    :data:`SEQUENCE_TASKS`), rather than samples with one label each. Decides, for training
+    and evaluation alike, what :func:`to_batch` makes of them."""
+    return task_of(dataset) in SEQUENCE_TASKS
 
 
 def to_inputs(x: np.ndarray, *, normalize: bool = True) -> torch.Tensor:
@@ -21,3 +45,28 @@ def to_targets(y: np.ndarray) -> torch.Tensor:
     if y.dtype.kind == "f":  # floating point (faster than np.issubdtype, per batch)
         return torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
     return torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
+
+
+def next_tokens(x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of ``T + 1`` tokens as ``(inputs, targets)``: int64 ``[n, T]`` each, the
+    inputs a window's first ``T`` tokens (unscaled, for an embedding), the targets its last
+    ``T`` (each input token's next)."""
+    w = torch.from_numpy(np.ascontiguousarray(x)).to(torch.int64)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def to_batch(
+    x: np.ndarray, y: np.ndarray, *, sequence: bool = False, normalize: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stored samples and labels as the model's ``(inputs, targets)``.
+
+    Args:
+        x: samples ``[n, *sample_shape]`` as stored.
+        y: their labels ``[n]`` (or regression targets).
+        sequence: the samples are token windows (:func:`is_sequence`): inputs and targets
+            both come from ``x`` (:func:`next_tokens`), ``y`` is not used.
+        normalize: scale uint8 samples to ``[0, 1]`` (not token windows).
+    """
+    if sequence:
+        return next_tokens(x)
+    return to_inputs(x, normalize=normalize), to_targets(np.asarray(y))

@@ -205,8 +205,8 @@ def gpt_tiny(
     any two blocks. About ``12 * layers * d_model**2`` weights (0.9 M with the defaults).
 
     Args:
-        input_shape: ``(T,)``, the longest sequence (a text window's ``context + 1`` bytes:
-            the model reads its first ``context``).
+        input_shape: ``(T,)``, the longest sequence it reads (the job passes a text window's
+            ``context``: it reads a window's first ``context`` bytes).
         num_classes: the vocabulary ``V`` (256 for bytes).
         d_model: width of the embeddings and blocks.
         layers: number of transformer blocks.

@@ -12,14 +12,14 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, DatasetError, as_dataset
+from hethpc.data.adapt import in_memory
 from hethpc.models import ImportSpecError
-from hethpc.train.evaluation import Metric, accuracy
-from hethpc.train.losses import LOSSES, Loss, make_loss, mse, same_shape
-from hethpc.train.parts.build import check_outputs, sample_shape
+from hethpc.train.evaluation import Metric, default_metric
+from hethpc.train.losses import LOSSES, Loss, cross_entropy, make_loss, mse, same_shape
+from hethpc.train.parts.build import check_outputs, example_inputs, sample_shape
 from hethpc.train.run.loop import RunResult, run_training
 from hethpc.train.run.start import start_run
 from hethpc.train.settings.config import ConfigError, TrainConfig
-from hethpc.train.settings.policy import label_skewed
 from hethpc.train.settings.sources import make_config
 
 
@@ -123,17 +123,19 @@ def fit(
         train_data: ``(x, y)`` numpy arrays or tensors, a map-style ``torch`` Dataset of
             ``(x, y)`` items, an HDF5 shard directory (``data_tools/convert.py``), or a hethpc
             dataset. Integer ``y`` are class labels, floating-point ``y`` regression targets.
-            uint8 samples are scaled to ``[0, 1]``, in training and evaluation alike.
+            uint8 samples are scaled to ``[0, 1]``, in training and evaluation alike. A shard
+            directory of token windows (``hethpc-convert text``) trains next-token prediction:
+            inputs a window's first ``T`` bytes, targets its last ``T``.
         test_data: the same forms; evaluated with ``metric`` (rank 0, at epoch ends as
             ``eval_every`` says, and at the end); None: no evaluation.
         loss: ``loss(model(x), y)`` -> scalar batch mean, or a name as ``--loss`` takes
             (``"mse"``, ``"l1"``, ``"package.module:factory"``); default cross-entropy for
-            labels, mean squared error for regression targets. Where only the shapes differ (one
-            output per sample, ``[n, 1]`` against ``[n]``) the output is given the targets'
-            shape first, for ``metric`` too.
-        metric: ``metric(model(x), y)`` -> batch mean; default accuracy for labels, mean
-            squared error for targets. The summary holds it as ``test_<name>``
-            (``test_acc`` for accuracy).
+            labels (per position for token windows), mean squared error for regression targets.
+            Where only the shapes differ (one output per sample, ``[n, 1]`` against ``[n]``)
+            the output is given the targets' shape first, for ``metric`` too.
+        metric: ``metric(model(x), y)`` -> batch mean; default accuracy for labels, bits per
+            byte for token windows, mean squared error for targets. The summary holds it as
+            ``test_<name>`` (``test_acc`` for accuracy, ``test_bpb`` for bits per byte).
         config: the settings; or give them as keywords (``batch_size=256, sync="selsync"``),
             named like :class:`~hethpc.train.TrainConfig`'s fields and validated alike. Its
             ``loss``, when not the default, is used where ``loss`` is not given.
@@ -164,7 +166,8 @@ def fit(
             raise ConfigError(f"fit(loss=...): {e}", key="loss") from e
     for what, value, default in (
         ("loss", loss, "cross-entropy for labels, mean squared error for targets"),
-        ("metric", metric, "accuracy for labels, mean squared error for targets"),
+        ("metric", metric, "accuracy for labels, bits per byte for token windows, mean "
+                           "squared error for targets"),
     ):
         if value is not None and not callable(value):
             raise ConfigError(
@@ -198,13 +201,12 @@ def fit(
     train_set = as_dataset(train_data, name="train_data")
     test_set = as_dataset(test_data, name="test_data") if test_data is not None else None
     if test_set is not None and not isinstance(test_set, ArrayDataset):
-        x, y = test_set.read(np.arange(len(test_set)))
-        test_set = ArrayDataset(np.asarray(x), np.asarray(y), int(test_set.num_classes))
+        test_set = in_memory(test_set)  # as stored, with its task (token windows stay so)
     _check_same_data(train_set)
     regression = _regression(train_set)
     if test_set is not None:
         _check_test_data(train_set, test_set, regression)
-    if regression and label_skewed(cfg):
+    if regression and cfg.partition in ("labels", "dirichlet"):
         raise ConfigError(
             f"partition = {cfg.partition!r} splits by class label, but train_data has "
             "floating-point regression targets; use partition 'iid' or 'seldp'"
@@ -214,12 +216,16 @@ def fit(
     loss_fn = (
         same_shape(loss)
         if loss is not None
-        else (LOSSES["mse"]() if regression else nn.CrossEntropyLoss())
+        else (LOSSES["mse"]() if regression else cross_entropy)
     )
-    chosen = same_shape(metric) if metric is not None else (mse if regression else accuracy)
+    chosen = (
+        same_shape(metric) if metric is not None
+        else mse if regression
+        else default_metric(train_set)
+    )  # fmt: skip
     if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
         with torch.no_grad():  # materialise lazy layers before the ranks compare shapes
-            model(torch.zeros(2, *sample_shape(train_set)))
+            model(example_inputs(train_set))
     if loss is None or loss_name is not None:  # a built-in loss: outputs must fit the labels
         check_outputs(
             model, train_set, loss=loss_name or ("mse" if regression else "cross_entropy"),

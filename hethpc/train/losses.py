@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hethpc.models import ImportSpecError
@@ -33,8 +34,17 @@ def same_shape(loss: Loss) -> Loss:
     return call
 
 
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy with the classes along ``out``'s last axis, the mean over every target:
+    ``out`` ``[n, C]`` against labels ``[n]``, or per position for sequences, ``out``
+    ``[n, T, V]`` against targets ``[n, T]`` (as ``[n * T, V]`` against ``[n * T]``)."""
+    if out.dim() > 2 and out.shape[:-1] == y.shape:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(out, y)
+
+
 LOSSES: dict[str, Callable[[], Loss]] = {
-    "cross_entropy": nn.CrossEntropyLoss,
+    "cross_entropy": lambda: cross_entropy,
     "mse": lambda: same_shape(nn.MSELoss()),
     "l1": lambda: same_shape(nn.L1Loss()),
     "smooth_l1": lambda: same_shape(nn.SmoothL1Loss()),

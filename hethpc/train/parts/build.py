@@ -12,34 +12,51 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, DatasetError, ShardedDataset, load_mnist1d
+from hethpc.data.adapt import in_memory
 from hethpc.data.manifest import MANIFEST_NAME
 from hethpc.data.sharded import split_dirs
 from hethpc.data.shared import open_dataset_shared
-from hethpc.data.transform import to_inputs
+from hethpc.data.transform import is_sequence, to_batch
 from hethpc.models import ModelError, build_model
-from hethpc.train.settings.config import TrainConfig
+from hethpc.train.settings.config import ConfigError, TrainConfig
 
 
-def load_data(cfg: TrainConfig) -> tuple[ArrayDataset | ShardedDataset, ArrayDataset]:
-    """``(train, test)`` for ``cfg.data``.
+def load_data(
+    cfg: TrainConfig,
+) -> tuple[ArrayDataset | ShardedDataset, ArrayDataset, ArrayDataset | None]:
+    """``(train, test, val)`` for ``cfg.data``; ``val`` is None without a ``val/`` split.
 
     ``mnist1d`` is generated into the cache (rank 0 first, so the others only read it); any
     other value is a directory holding ``train/`` and ``test/`` HDF5 shard datasets (as written
-    by ``data_tools/convert.py``), or one of them (see :func:`data_root`), verified against
-    their manifests before training (each rank hashes a share of the shards; every rank raises
-    the same error on damage). The test split is read into memory for evaluation.
+    by ``hethpc-convert``), and maybe ``val/`` (``hethpc-convert text`` writes one), or one of
+    them (see :func:`data_root`), verified against their manifests before training (each rank
+    hashes a share of the shards; every rank raises the same error on damage). The test and
+    validation splits are read into memory for evaluation.
+
+    Raises:
+        ConfigError: the directory holds a ``val/`` split and ``cfg.val_fraction`` asks for
+            another.
     """
     if cfg.data != "mnist1d":
         root = data_root(cfg.data)
+        held = root / "val" if "val" in split_dirs(root) else None
+        if held is not None and cfg.val_fraction:
+            raise ConfigError(
+                f"--data {cfg.data} holds a validation split, {held}, which the evaluations "
+                f"during training score; --val-fraction {cfg.val_fraction:g} would hold out "
+                "another from train/: leave --val-fraction out (0), or convert without val/ "
+                "(hethpc-convert text --val-fraction 0)",
+                key="val_fraction",
+            )
         train = open_dataset_shared(root / "train")  # each rank hashes a share of the shards
-        test = open_dataset_shared(root / "test")
-        x, y = test.read(np.arange(len(test)))  # as stored: evaluate() scales uint8 as training
-        return train, ArrayDataset(np.asarray(x), np.asarray(y), int(test.num_classes))
+        test = in_memory(open_dataset_shared(root / "test"))  # as stored: scaled as training
+        val = in_memory(open_dataset_shared(held)) if held is not None else None
+        return train, test, val
     cache = cfg.cache_dir or str(Path.home() / ".cache" / "hethpc")
     if comm.rank() == 0:
         load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
     comm.barrier()
-    return load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache)
+    return (*load_mnist1d(num_samples=cfg.samples, seed=cfg.data_seed, cache_dir=cache), None)
 
 
 def data_root(data: str) -> Path:
@@ -69,15 +86,30 @@ def data_root(data: str) -> Path:
 
 
 def sample_shape(train: Any) -> tuple[int, ...]:
-    """The shape of one training sample."""
+    """The shape of one training sample, as stored."""
     return tuple(train.sample_shape) if hasattr(train, "sample_shape") else tuple(train.x.shape[1:])
+
+
+def input_shape(train: Any) -> tuple[int, ...]:
+    """The shape of the model's input for one sample: the stored shape, or for token windows of
+    ``T + 1`` tokens ``(T,)`` (the model reads a window's first ``T``)."""
+    shape = sample_shape(train)
+    return (*shape[:-1], shape[-1] - 1) if is_sequence(train) else shape
+
+
+def example_inputs(train: Any, n: int = 2) -> torch.Tensor:
+    """A batch of ``n`` zero inputs of :func:`input_shape` (int64 tokens for token windows),
+    for a first forward pass that materialises lazy layers."""
+    dtype = torch.int64 if is_sequence(train) else torch.float32
+    return torch.zeros(n, *input_shape(train), dtype=dtype)
 
 
 def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: str) -> None:
     """Refuse a model whose outputs do not fit the data's labels or targets under ``loss``.
 
     One forward pass of two training samples (in eval mode, without gradients): for
-    ``"cross_entropy"`` the output must be ``[n, C]`` with ``C`` at least the data's classes;
+    ``"cross_entropy"`` the output must be ``[n, C]`` with ``C`` at least the data's classes
+    (for token windows ``[n, T, V]``, one row per position, ``V`` at least the vocabulary);
     for the built-in regression losses (``"mse"``, ``"l1"``, ``"smooth_l1"``) each sample's
     output must hold as many values as its target. Other (the user's own) losses are not
     checked. ``what`` names the model, ``fix`` says how to give it other outputs.
@@ -94,7 +126,8 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
         x, y = train.read(np.arange(min(2, len(train))))
     param = next(iter(model.parameters()), None)
     modes = {m: m.training for m in model.modules()}
-    inputs = to_inputs(np.asarray(x))
+    sequence = is_sequence(train)
+    inputs, targets = to_batch(np.asarray(x), np.asarray(y), sequence=sequence)
     model.eval()
     try:
         with torch.no_grad():
@@ -119,6 +152,16 @@ def check_outputs(model: nn.Module, train: Any, *, loss: str, what: str, fix: st
                 "cross-entropy over class labels; give integer labels, or a regression loss "
                 "(mse, l1, smooth_l1)"
             )
+        if sequence:
+            positions = tuple(targets.shape[1:])
+            if shape[:-1] != positions or shape[-1] < classes:
+                raise ModelError(
+                    f"{what} gives outputs of shape {shape} per sample, but the training data "
+                    f"are token windows with {positions[0]} next-token targets each over a "
+                    f"vocabulary of {classes}, and cross-entropy needs one output per token at "
+                    f"each position: shape ({positions[0]}, {classes}); {fix}"
+                )
+            return
         if len(shape) != 1 or shape[0] < classes:
             raise ModelError(
                 f"{what} gives outputs of shape {shape} per sample, but the training labels "
@@ -148,13 +191,16 @@ def build(cfg: TrainConfig, train: Any) -> nn.Module:
         ImportSpecError: ``cfg.model`` is neither built in nor an import path that loads.
         ModelError: the factory raises, or the model's forward fails on a batch of the data's
             sample shape (the message names the factory's call and the exception).
+
+    The factory is called as ``factory(input_shape, num_classes)``: for token windows of
+    ``T + 1`` bytes, ``(T,)`` and the vocabulary (256 for bytes).
     """
     torch.manual_seed(cfg.seed)
-    shape, classes = sample_shape(train), int(train.num_classes)
+    shape, classes = input_shape(train), int(train.num_classes)
     model = build_model(cfg.model, shape, classes)
     try:
         with torch.no_grad():
-            model(torch.zeros(2, *shape))  # materialise lazy layers
+            model(example_inputs(train))  # materialise lazy layers
     except Exception as e:
         call = f"{cfg.model.rpartition(':')[2]}({shape!r}, {classes})"
         raise ModelError(

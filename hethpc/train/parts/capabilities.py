@@ -28,7 +28,7 @@ from hethpc.train.settings.config import TrainConfig
 from hethpc.train.settings.policy import (
     averages_optimizer_state,
     corrects_drift,
-    label_skewed,
+    non_iid,
     policy_settings,
     rebalances,
 )
@@ -70,8 +70,9 @@ def make_loader(
     kw: dict[str, Any] = (
         {"labels_per_rank": cfg.labels_per_rank, "allow_uncovered": cfg.allow_uncovered}
         if cfg.partition == "labels"
+        else site_settings(cfg, train) if cfg.partition == "site"
         else {"alpha": cfg.dirichlet_alpha}
-    )
+    )  # fmt: skip
     name = "label_skew" if cfg.partition == "labels" else cfg.partition
     idx = make_partitioner(name, **kw).indices(labels_of(train), world_size, rank, cfg.seed)
     if keep is not None:
@@ -85,6 +86,23 @@ def make_loader(
         seed=cfg.seed,
         prefetch=prefetch,
     )
+
+
+def site_settings(cfg: TrainConfig, train: ArrayDataset | ShardedDataset) -> dict[str, Any]:
+    """The site partitioner's keywords: every sample's site and the site names.
+
+    Raises:
+        ConfigError: the training data has no site column.
+    """
+    if not isinstance(train, ShardedDataset) or train.manifest.sites is None:
+        where = train.root if isinstance(train, ShardedDataset) else cfg.data
+        raise ConfigError(
+            f"partition = 'site' gives each rank whole sites, but the training data ({where}) "
+            "has no site column; convert text with 'hethpc-convert text DIR --out OUT' (which "
+            "stores each window's site) and train on --data OUT, or choose another partition",
+            key="partition",
+        )
+    return {"sites": train.sites, "names": train.manifest.sites}
 
 
 def make_rebalancer(
@@ -127,7 +145,7 @@ def make_controller(
         )
     auto = 1
     if cfg.batching == "dynamic":
-        auto = default_min_batch(cfg.batch_size, replicas, skewed=label_skewed(cfg))
+        auto = default_min_batch(cfg.batch_size, replicas, skewed=non_iid(cfg))
     floor = cfg.b_min or auto  # explicit static weights are never overridden
     return BatchController(
         cfg.batch_size,

@@ -9,7 +9,7 @@ same parameters (:attr:`group`), and whether it computes the loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,14 +19,14 @@ from torch import nn
 from hethpc import comm
 from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
-from hethpc.data.transform import to_inputs, to_targets
+from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import Pipeline
 from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.groups import make_pipeline_groups
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.sync import POLICIES
 from hethpc.sync.factory import policy_class
-from hethpc.train.evaluation import Metric, evaluate
+from hethpc.train.evaluation import Metric, evaluate_all
 from hethpc.train.parts.device import this_device
 from hethpc.train.settings.config import ConfigError, TrainConfig
 
@@ -235,9 +235,11 @@ class DataParallel:
     def summary_fields(self) -> dict[str, Any]:
         return run_facts(self.device)
 
-    def evaluate(self, data: ArrayDataset, metric: Metric, *, tick: Any = None) -> float:
-        """``metric`` over all of ``data`` on this rank alone."""
-        return evaluate(self.module, data, metric=metric, tick=tick)
+    def evaluate(
+        self, data: ArrayDataset, metrics: Sequence[Metric], *, tick: Any = None
+    ) -> list[float]:
+        """Each of ``metrics`` over all of ``data`` on this rank alone."""
+        return evaluate_all(self.module, data, metrics, tick=tick)
 
 
 class PipelineStage:
@@ -351,22 +353,32 @@ class PipelineStage:
         }
 
     def evaluate(
-        self, data: ArrayDataset, metric: Metric, *, batch: int = 2048, tick: Any = None
-    ) -> float:
-        """``metric`` through the pipelines (a collective over the world; equal everywhere)."""
-        total = 0.0
+        self,
+        data: ArrayDataset,
+        metrics: Sequence[Metric],
+        *,
+        batch: int = 2048,
+        tick: Any = None,
+    ) -> list[float]:
+        """Each of ``metrics`` through the pipelines (a collective over the world; equal
+        everywhere)."""
+        totals = np.zeros(len(metrics))
+        sequence = is_sequence(data)
         self.module.eval()
         for i in range(0, len(data), batch):
             if tick is not None:
                 tick()
-            out = self.pipe.forward(to_inputs(data.x[i : i + batch]))  # scaled as in training
+            # as in training: uint8 scaled, token windows split into inputs and targets
+            x, y = to_batch(data.x[i : i + batch], data.y[i : i + batch], sequence=sequence)
+            out = self.pipe.forward(x)
             if out is not None:
-                y = to_targets(data.y[i : i + batch]).to(out.device)
-                total += float(metric(out, y)) * len(y)
+                y = y.to(out.device)
+                for j, metric in enumerate(metrics):
+                    totals[j] += float(metric(out, y)) * len(y)
         self.module.train()
         # Each replica's last stage scored every sample: average the replicas.
-        summed = comm.allreduce_array(np.array([total]), ReduceOp.SUM)[0] / self.replicas
-        return float(summed) / max(len(data), 1)
+        summed = comm.allreduce_array(totals, ReduceOp.SUM) / self.replicas
+        return [float(v) / max(len(data), 1) for v in summed]
 
 
 Engine = DataParallel | PipelineStage

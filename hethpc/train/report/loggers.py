@@ -18,7 +18,7 @@ from typing import IO, Any, Protocol
 CSV_COLUMNS = (
     "kind", "step", "epoch", "time", "loss", "acc", "batch", "lr", "compute_s", "sync_s",
     "synced", "skipped", "local_steps", "link_real_s", "link_wait_s", "test_acc", "test_mse",
-    "val_acc", "val_mse", "train_time", "grad_norm",
+    "val_acc", "val_mse", "test_bpb", "val_bpb", "train_time", "grad_norm",
 )  # fmt: skip
 
 

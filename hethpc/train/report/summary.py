@@ -10,8 +10,10 @@ Row = tuple[str, str, Callable[[Any], str]]
 # The scores, as the summary names them: ``test_<metric>`` and, with a validation split,
 # ``val_<metric>``; a metric not named here gets a row of its own (see ``format_summary``).
 SCORE_ROWS: tuple[Row, ...] = (
+    ("test_bpb", "test bits per byte (averaged model)", lambda v: f"{v:.3f}"),
     ("test_acc", "test accuracy (averaged model)", lambda v: f"{100 * v:.2f} %"),
     ("test_mse", "test MSE (averaged model)", lambda v: f"{v:.4g}"),
+    ("val_bpb", "validation bits per byte", lambda v: f"{v:.3f}"),
     ("val_acc", "validation accuracy", lambda v: f"{100 * v:.2f} %"),
     ("val_mse", "validation MSE", lambda v: f"{v:.4g}"),
 )

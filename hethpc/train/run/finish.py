@@ -28,9 +28,11 @@ def summarize(
     emulated: LinkStats,
     run_dir: Path,
     val_score: float | None = None,
+    also: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run's summary (a collective: the losses come from the rank that computes them).
 
+    ``also``: scores of the metric's companions, by key (``test_acc`` beside ``test_bpb``).
     Rank 0 writes it to ``run_dir / "summary.json"``.
     """
     rank, size, total = comm.rank(), comm.size(), run.total
@@ -56,6 +58,7 @@ def summarize(
         **policy_figures,
         key: score,
         **({"val" + key.removeprefix("test"): val_score} if val_score is not None else {}),
+        **(also or {}),
         "time_s": elapsed,
         "eval_s": tally.eval_s,
         "train_time_s": elapsed - tally.eval_s,

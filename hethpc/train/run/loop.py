@@ -16,16 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from hethpc import comm
 from hethpc.data import ArrayDataset, ShardedDataset
 from hethpc.data.holdout import holdout
+from hethpc.data.transform import is_sequence
 from hethpc.train.errors import TrainingInterrupted
-from hethpc.train.evaluation import Metric, accuracy, metric_key
+from hethpc.train.evaluation import Metric, accuracy, default_metric, metric_key, scored
 from hethpc.train.keep.rng import seed_rank
-from hethpc.train.losses import make_loss
+from hethpc.train.losses import cross_entropy, make_loss
 from hethpc.train.parts.assembly import assemble
 from hethpc.train.parts.build import build, check_outputs, load_data
 from hethpc.train.parts.capabilities import finish_policy
@@ -37,7 +39,7 @@ from hethpc.train.run.epoch import EpochEnd
 from hethpc.train.run.finish import summarize
 from hethpc.train.run.start import start_run
 from hethpc.train.run.step import TrainStep
-from hethpc.train.settings.config import TrainConfig
+from hethpc.train.settings.config import ConfigError, TrainConfig
 from hethpc.train.watch.faults import Fault
 from hethpc.train.watch.guards import AveragedGradientGuard
 from hethpc.train.watch.watchdog import Watchdog
@@ -84,7 +86,9 @@ def train(
     """Run the training that ``cfg`` describes on every rank of the world (a collective).
 
     The data (``cfg.data``) and the model (``cfg.model``) are built from the settings, the
-    loss is cross-entropy and the metric accuracy; :func:`hethpc.fit` takes the user's own.
+    loss is ``cfg.loss`` (cross-entropy by default, per position for token windows) and the
+    metric accuracy, or bits per byte for token windows; :func:`hethpc.fit` takes the user's
+    own. A ``val/`` split beside ``train/`` is scored during training, ``test/`` at the end.
 
     Args:
         cfg: the settings (the same on every rank; checked before anything else).
@@ -93,14 +97,15 @@ def train(
         log: where rank 0's messages go.
 
     Raises:
-        ConfigError: settings differ across ranks, or the run directory holds another run.
+        ConfigError: settings differ across ranks, the run directory holds another run, or
+            ``cfg.val_fraction`` is set for data that holds a ``val/`` split.
         ModelMismatchError: the ranks built different models.
         NonFiniteError: a NaN/Inf appeared and ``cfg.on_nonfinite == "stop"``.
         TrainingInterrupted: a ``KeyboardInterrupt`` (Ctrl-C) stopped the loop: the steps
             done and the checkpoint kept, as this rank knows them (see :func:`run_training`).
     """
     run_dir = start_run(cfg, overwrite=overwrite, log=log)
-    train_set, test_set = load_data(cfg)
+    train_set, test_set, val_set = load_data(cfg)
     model = build(cfg, train_set)
     check_outputs(
         model, train_set, loss=cfg.loss, what=f"--model {cfg.model}",
@@ -109,7 +114,7 @@ def train(
     )  # fmt: skip
     return run_training(
         cfg, model, train_set, test_set, run_dir=run_dir, loss_fn=make_loss(cfg.loss),
-        faults=faults, log=log,
+        faults=faults, log=log, val_set=val_set,
     )  # fmt: skip
 
 
@@ -121,9 +126,10 @@ def run_training(
     *,
     run_dir: Path,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    metric: Metric = accuracy,
+    metric: Metric | None = None,
     faults: Sequence[Fault] = (),
     log: Callable[[str], None] = print,
+    val_set: ArrayDataset | None = None,
 ) -> RunResult:
     """The training loop over a built model and data, after :func:`start_run` (a collective).
 
@@ -134,23 +140,36 @@ def run_training(
         test_set: evaluated with ``metric`` at epoch ends and at the end; None: never.
         run_dir: from :func:`start_run`.
         loss_fn: ``loss_fn(model(x), y)``, a scalar mean over the batch (default
-            cross-entropy).
-        metric: ``metric(model(x), y)``, a batch mean (default accuracy).
+            cross-entropy, per position for token windows).
+        metric: ``metric(model(x), y)``, a batch mean (default
+            :func:`~hethpc.train.evaluation.default_metric`: accuracy, or bits per byte for
+            token windows).
         faults: deliberate failures, for reliability tests only.
         log: where rank 0's messages go.
+        val_set: a validation split of its own (the data's ``val/``), scored during training
+            instead of ``test_set``, which is then scored at the end only; None: held out of
+            ``train_set`` by ``cfg.val_fraction``, or none.
 
     Raises:
+        ConfigError: ``val_set`` is given and ``cfg.val_fraction`` asks for another.
         TrainingInterrupted: a ``KeyboardInterrupt`` stopped the loop; it says how far this
             rank got and its latest complete checkpoint, and no collective is started after
             it (the other ranks may be stopped, or never learn of it).
     """
     rank, size = comm.rank(), comm.size()
     say = log if rank == 0 else (lambda _msg: None)
-    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    loss_fn = loss_fn if loss_fn is not None else cross_entropy
+    metric = metric if metric is not None else default_metric(train_set)
     key = metric_key(metric)
-    keep, val_set = (
-        holdout(train_set, cfg.val_fraction, cfg.data_seed) if cfg.val_fraction else (None, None)
-    )
+    if val_set is not None and cfg.val_fraction:
+        raise ConfigError(
+            f"val_fraction = {cfg.val_fraction:g} holds out a validation split, but one is "
+            "given (val_set); give one or the other",
+            key="val_fraction",
+        )
+    keep: np.ndarray | None = None
+    if cfg.val_fraction:
+        keep, val_set = holdout(train_set, cfg.val_fraction, cfg.data_seed)
     run = assemble(cfg, model, train_set, test_set, keep=keep)
     engine, module, policy, total = run.engine, run.module, run.policy, run.total
     tally = Tally()
@@ -197,8 +216,10 @@ def run_training(
         cfg.watchdog_s, max_s=cfg.watchdog_max_s, heartbeat_dir=run_dir / "heartbeat",
         rank=rank, size=size,
     )  # fmt: skip
+    # Step records hold the batch's accuracy (per position for token windows).
+    classify = metric is accuracy or is_sequence(train_set)
     train_step = TrainStep(
-        cfg, run, tally, loss_fn=loss_fn, classify=metric is accuracy, faults=faults,
+        cfg, run, tally, loss_fn=loss_fn, classify=classify, faults=faults,
         guard=guard, metrics=metrics, dog=dog, bar=bar, say=say,
     )  # fmt: skip
     epoch_end = EpochEnd(
@@ -234,10 +255,17 @@ def run_training(
             finish_policy(policy, module)
             policy.close()
             score = val_score = None
+            also: dict[str, float] = {}  # the companions' scores (accuracy beside bpb)
+            companions = [metric_key(m) for m in scored(metric)[1:]]
             if test_set is not None:
-                score = engine.evaluate(test_set, metric, tick=tick)
+                score, *rest = engine.evaluate(test_set, scored(metric), tick=tick)
+                also.update(zip(companions, rest, strict=True))
             if val_set is not None:
-                val_score = engine.evaluate(val_set, metric, tick=tick)
+                val_score, *rest = engine.evaluate(val_set, scored(metric), tick=tick)
+                also.update(
+                    ("val" + k.removeprefix("test"), v)
+                    for k, v in zip(companions, rest, strict=True)
+                )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where the job makes it one
         if bar is not None:
             bar.close()
@@ -253,6 +281,6 @@ def run_training(
             guard.remove()
     summary = summarize(
         cfg, run, tally, key=key, score=score, elapsed=elapsed, emulated=emulated,
-        run_dir=run_dir, val_score=val_score,
+        run_dir=run_dir, val_score=val_score, also=also,
     )  # fmt: skip
     return RunResult(summary=summary, model=module, run_dir=run_dir, checkpoint=last_path)

@@ -27,7 +27,8 @@ def gradient_weight(
     then draws from each partition in proportion, and ``b_k / B`` is exact again.
 
     Args:
-        partition: the partition setting (``iid``, ``seldp``, ``labels``, ``dirichlet``).
+        partition: the partition setting (``iid``, ``seldp``, ``labels``, ``dirichlet``,
+            ``site``).
         rank: this rank.
         batch_sizes: every rank's batch size this step.
         partition_lengths: every rank's number of samples (partitioned modes).

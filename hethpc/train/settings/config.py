@@ -48,14 +48,16 @@ class TrainConfig:
     data: str = _f(
         "mnist1d",
         "'mnist1d' (generated and cached on first use) or a converted dataset: the directory "
-        "holding train/ and test/, or its train/",
+        "holding train/ and test/ (and val/, scored during training when present), or its "
+        "train/",
     )
     samples: int = _f(20_000, "MNIST-1D samples to generate (80% train, 20% test)")
     val_fraction: float = _f(
         0.0,
         "hold out this fraction of the training samples (drawn by --data-seed, before any "
         "partition) as a validation split: the evaluations during training score it (val_acc) "
-        "and the test split is scored at the end only; 0: none",
+        "and the test split is scored at the end only; 0: none. Refused with --data that holds "
+        "a val/ split of its own, which is scored instead",
     )
     data_seed: int = _f(42, "seed of the generated MNIST-1D data and of --val-fraction's split")
     cache_dir: str = _f(
@@ -65,7 +67,10 @@ class TrainConfig:
         local=True,
     )
     partition: str = _f(
-        "iid", "how samples map to ranks", choices=("iid", "seldp", "labels", "dirichlet")
+        "iid",
+        "how samples map to ranks; site: whole sites per rank (a text window's package), "
+        "balanced by size, from --seed; needs data with a site column (hethpc-convert text)",
+        choices=("iid", "seldp", "labels", "dirichlet", "site"),
     )
     labels_per_rank: int = _f(
         2,
@@ -83,8 +88,8 @@ class TrainConfig:
         "unequal batches on partitioned data: each rank reads its partition's share of the "
         "global batch and the slow ranks send what they do not compute on to the fast ones, so "
         "every step draws from each partition as uniform batches do (a few samples per step). "
-        "auto: on with --batching dynamic or static, --partition labels or dirichlet, and "
-        "gradients averaged every step (sync bsp, or selsync with aggregation grads)",
+        "auto: on with --batching dynamic or static, --partition labels, dirichlet or site, "
+        "and gradients averaged every step (sync bsp, or selsync with aggregation grads)",
         choices=("auto", "on", "off"),
     )
     # Model and optimisation
@@ -154,7 +159,7 @@ class TrainConfig:
     max_local_steps: int = _f(
         -1,
         "SelSync: synchronise anyway after this many local steps in a row, a staleness bound. "
-        "-1 (auto): 3 with --partition labels or dirichlet (label-skewed replicas drift apart "
+        "-1 (auto): 3 with --partition labels, dirichlet or site (non-IID replicas drift apart "
         "between syncs), no bound with iid or seldp; 0: no bound (the published rule, the "
         "gradient votes alone decide)",
     )
@@ -196,7 +201,7 @@ class TrainConfig:
         "policies that average parameters (selsync, fedavg, local): each replica adds, per "
         "local step, how much less than the average it moved in the last round, so label-"
         "skewed replicas stop drifting apart (SCAFFOLD's correction in parameter space; no "
-        "extra communication). auto: on with --partition labels or dirichlet",
+        "extra communication). auto: on with --partition labels, dirichlet or site",
         choices=("auto", "on", "off"),
     )
     average_optimizer_state: str = _f(
@@ -205,7 +210,7 @@ class TrainConfig:
         "(SGD's momentum, Adam's moments) with them, so label-skewed replicas stop carrying "
         "momentum toward their own labels past an average (twice the bytes of a parameter "
         "average with SGD momentum; sent while the next step computes). auto: on with "
-        "--partition labels or dirichlet, unless --inner-steps speed",
+        "--partition labels, dirichlet or site, unless --inner-steps speed",
         choices=("auto", "on", "off"),
     )
     drift_smoothing: float = _f(
@@ -243,7 +248,7 @@ class TrainConfig:
     b_min: int = _f(
         0,
         "dynamic batching: smallest batch of a rank; 0 (auto): a quarter of its uniform share "
-        "on label-skewed partitions (--partition labels or dirichlet), where a smaller batch "
+        "on non-IID partitions (--partition labels, dirichlet or site), where a smaller batch "
         "takes the weight from its labels, and an eighth otherwise (batch_size / replicas / 4 "
         "or / 8, at least 1), below which its step is mostly fixed cost",
     )

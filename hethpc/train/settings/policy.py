@@ -15,7 +15,7 @@ from hethpc.sync.traits import Traits
 if TYPE_CHECKING:
     from hethpc.train.settings.config import TrainConfig
 
-# SelSync on label-skewed partitions: at most this many local steps between syncs (auto).
+# SelSync on non-IID partitions: at most this many local steps between syncs (auto).
 # Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each), BSP 95.33 %:
 # without drift correction no bound 84.2 % (9 % of steps synchronised), 4 steps 91.3 % (23 %),
 # 2 steps 93.2 % (36 %); with it (the default there) 4 steps 95.48 % (23 %), 3 steps 95.63 %
@@ -23,16 +23,21 @@ if TYPE_CHECKING:
 NON_IID_MAX_LOCAL_STEPS = 3
 
 
-def label_skewed(cfg: TrainConfig) -> bool:
-    """Whether ``cfg``'s partition gives ranks different labels (``labels``, ``dirichlet``),
-    where the auto settings guard each rank's labels."""
-    return cfg.partition in ("labels", "dirichlet")
+#: Partitions that give ranks data of different distributions: different labels
+#: (``labels``, ``dirichlet``) or different sources (``site``: each rank its own sites' text).
+NON_IID_PARTITIONS = ("labels", "dirichlet", "site")
+
+
+def non_iid(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s partition gives ranks data of different distributions
+    (:data:`NON_IID_PARTITIONS`), where the auto settings guard each rank's own data."""
+    return cfg.partition in NON_IID_PARTITIONS
 
 
 def staleness_bound(cfg: TrainConfig) -> int | None:
     """SelSync's bound on local steps in a row: ``max_local_steps`` with -1 resolved."""
     if cfg.max_local_steps == -1:
-        return NON_IID_MAX_LOCAL_STEPS if label_skewed(cfg) else None
+        return NON_IID_MAX_LOCAL_STEPS if non_iid(cfg) else None
     return cfg.max_local_steps or None
 
 
@@ -67,10 +72,10 @@ def policy_named(cfg: TrainConfig) -> str:
 
 
 def rebalances(cfg: TrainConfig) -> bool:
-    """Whether the batches are rebalanced across a label-skewed partition: ``rebalance`` with
+    """Whether the batches are rebalanced across a non-IID partition: ``rebalance`` with
     auto resolved (on for unequal batches when the policy averages gradients: bsp, or selsync
     with aggregation grads; never with pipeline stages); off on IID data."""
-    skewed = label_skewed(cfg)
+    skewed = non_iid(cfg)
     if cfg.rebalance != "auto":
         return cfg.rebalance == "on" and skewed
     unequal = cfg.batching in ("dynamic", "static")
@@ -83,19 +88,19 @@ def rebalances(cfg: TrainConfig) -> bool:
 
 def corrects_drift(cfg: TrainConfig) -> bool:
     """Whether the policy corrects the drift of local steps: ``drift_correction`` with auto
-    resolved (on for label-skewed partitions), for policies that average parameters (not bsp,
+    resolved (on for non-IID partitions), for policies that average parameters (not bsp,
     ssp, selsync with aggregation grads)."""
-    on = cfg.drift_correction == "on" or (cfg.drift_correction == "auto" and label_skewed(cfg))
+    on = cfg.drift_correction == "on" or (cfg.drift_correction == "auto" and non_iid(cfg))
     return on and policy_traits(cfg).averages_parameters
 
 
 def averages_optimizer_state(cfg: TrainConfig) -> bool:
     """Whether parameter averages take the optimizer's state along: ``average_optimizer_state``
     with auto resolved, for policies that average parameters during training (selsync with
-    aggregation params, fedavg). Auto is on for label-skewed partitions, unless the ranks take
+    aggregation params, fedavg). Auto is on for non-IID partitions, unless the ranks take
     different numbers of local steps between averages (``inner_steps`` speed): averaging
     momenta built over unequal rounds measured worse (``docs/sync.md``)."""
     mode = cfg.average_optimizer_state
-    auto = label_skewed(cfg) and cfg.inner_steps == "fixed"
+    auto = non_iid(cfg) and cfg.inner_steps == "fixed"
     on = mode == "on" or (mode == "auto" and auto)
     return on and policy_traits(cfg).averages_while_training
