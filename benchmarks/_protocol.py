@@ -7,6 +7,7 @@ import math
 import statistics
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +30,57 @@ PROTOCOL_KEYS = (
 )  # fmt: skip
 
 
-def first_at_or_above(curve: Curve, target: float) -> float | None:
-    """The time of the first evaluation at or above ``target`` (no interpolation); None if no
-    evaluation reaches it."""
+@dataclass(frozen=True)
+class Metric:
+    """What a workload's evaluations score (``[protocol] metric``): the summary's and the
+    records' ``val_<key>`` / ``test_<key>``, and which way is better."""
+
+    key: str
+    higher: bool  # higher is better (accuracy); else lower (bits per byte)
+    name: str  # in words, for the tables
+    diverged: float | None  # the final score of a run that diverged
+
+    def target(self, median: float, margin: float) -> float:
+        """``margin`` worse than ``median``."""
+        return median - margin if self.higher else median + margin
+
+    def reaches(self, value: float, target: float) -> bool:
+        return value >= target if self.higher else value <= target
+
+    def rank(self, value: float | None) -> float:
+        """Larger is better; a missing value is the worst."""
+        if value is None:
+            return -math.inf
+        return value if self.higher else -value
+
+    def show(self, value: float) -> str:
+        return f"{100 * value:.2f} %" if self.key == "acc" else f"{value:.3f} {self.key}"
+
+
+METRICS = {
+    "acc": Metric("acc", True, "validation accuracy", 0.0),
+    "bpb": Metric("bpb", False, "validation bits per byte", None),
+}
+
+
+def metric_of(protocol: Mapping[str, Any]) -> Metric:
+    """The workload's metric (accuracy unless ``[protocol] metric`` says otherwise)."""
+    return METRICS[protocol.get("metric", "acc")]
+
+
+def first_reaching(curve: Curve, target: float, metric: Metric = METRICS["acc"]) -> float | None:
+    """The time of the first evaluation at or past ``target`` (at or above it for accuracy, at
+    or below it for bits per byte; no interpolation); None if no evaluation reaches it."""
     for t, v in curve:
-        if v >= target:
+        if metric.reaches(v, target):
             return t
     return None
 
 
 def pick(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     """The candidate with the earliest ``tta`` (seconds to the target on validation; None:
-    never), ties and all-never broken by the higher ``final`` validation metric."""
+    never), ties and all-never broken by the larger ``final`` (the final validation score as
+    :meth:`Metric.rank` orders it)."""
     if not candidates:
         raise ValueError("no candidates to pick from")
     return min(
@@ -84,6 +124,14 @@ def load_workload(path: Path) -> dict[str, Any]:
     for key in PROTOCOL_KEYS:
         if key not in data["protocol"]:
             raise SystemExit(f"{path}: [protocol] needs {key}")
+    convert = data.get("prepare", {}).get("convert")
+    if convert is not None and (not isinstance(convert, list) or "--out" not in convert[:-1]):
+        raise SystemExit(f"{path}: [prepare] convert must be hethpc-convert's arguments as a "
+                         f"list with --out OUT, e.g. [\"text\", \"--out\", \"data/t\"]; "
+                         f"got {convert!r}")  # fmt: skip
+    if data["protocol"].get("metric", "acc") not in METRICS:
+        raise SystemExit(f"{path}: [protocol] metric = {data['protocol']['metric']!r}; choose "
+                         f"one of {', '.join(map(repr, METRICS))}")  # fmt: skip
     for name, m in data["methods"].items():
         if ("knob" in m) != ("values" in m) or ("values" in m and not m["values"]):
             raise SystemExit(f"{path}: [methods.{name}] needs knob and values together")
@@ -155,6 +203,12 @@ def method_settings(method: Mapping[str, Any], knob_value: Any = None) -> dict[s
     if "knob" in method:
         kw[method["knob"]] = method["values"][0] if knob_value is None else knob_value
     return kw
+
+
+def converted_out(work: Mapping[str, Any]) -> str | None:
+    """The folder ``[prepare] convert`` writes (its ``--out``); None: nothing to convert."""
+    convert = work.get("prepare", {}).get("convert")
+    return None if convert is None else convert[convert.index("--out") + 1]
 
 
 def scenario_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:

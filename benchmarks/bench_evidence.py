@@ -61,11 +61,15 @@ from typing import Any
 import _peer_runs
 from _launch import ROOT, under_mpi
 from _protocol import (
+    METRICS,
     PEERS,
+    Metric,
+    converted_out,
     eval_every_steps,
-    first_at_or_above,
+    first_reaching,
     load_workload,
     method_settings,
+    metric_of,
     pick,
     scenario_settings,
     spread,
@@ -138,10 +142,15 @@ def quick_peers(work: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_one(
-    settings: dict[str, Any], new_dir: Callable[[str], str], tag: str, *, peer: str | None = None
+    settings: dict[str, Any],
+    new_dir: Callable[[str], str],
+    tag: str,
+    *,
+    peer: str | None = None,
+    metric: Metric = METRICS["acc"],
 ) -> dict[str, Any]:
-    """Train once (hethpc, or ``peer`` with the same settings); the curves by seconds without
-    evaluations, the finals, the syncs."""
+    """Train once (hethpc, or ``peer`` with the same settings); the curves of ``metric`` on
+    validation by seconds without evaluations, the finals, the syncs."""
     if peer is not None:
         comm.barrier()
         summary = _peer_runs.run_peer(peer, settings)
@@ -159,14 +168,15 @@ def run_one(
         recs = read_metrics(run_dir / "metrics" / "rank0.jsonl")
         recs = [r for r in recs if r["kind"] == "epoch"]
     recs = comm.broadcast_object(recs)
+    val = f"val_{metric.key}"
     if diverged is not None:  # a candidate that never gets there, its curve kept
-        return {"val": [(r["train_time"], r["val_acc"]) for r in recs], "final_val": 0.0,
-                "final_test": 0.0, "train_time_s": None, "time_s": None, "sync_fraction": None,
-                "syncs": {}, "sizes": [], "diverged": diverged}  # fmt: skip
+        return {"val": [(r["train_time"], r[val]) for r in recs], "final_val": metric.diverged,
+                "final_test": metric.diverged, "train_time_s": None, "time_s": None,
+                "sync_fraction": None, "syncs": {}, "sizes": [], "diverged": diverged}  # fmt: skip
     return {
-        "val": [(r["train_time"], r["val_acc"]) for r in recs],
-        "final_val": s["val_acc"],
-        "final_test": s["test_acc"],
+        "val": [(r["train_time"], r[val]) for r in recs],
+        "final_val": s[val],
+        "final_test": s[f"test_{metric.key}"],
         "train_time_s": s["train_time_s"],
         "time_s": s["time_s"],
         "sync_fraction": s["sync_fraction"],
@@ -175,16 +185,17 @@ def run_one(
     }
 
 
-def _said(r: dict[str, Any]) -> str:
+def _said(r: dict[str, Any], metric: Metric) -> str:
     if r.get("diverged"):
         return "diverged (non-finite loss)"
-    return f"val {100 * r['final_val']:.2f} % in {r['train_time_s']:.1f} s"
+    return f"val {metric.show(r['final_val'])} in {r['train_time_s']:.1f} s"
 
 
 def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None]) -> dict:
     """Tune, fix the target, choose and measure in one scenario (a collective)."""
     proto, scen = work["protocol"], work["scenarios"][name]
     methods = scen["methods"]
+    metric = metric_of(proto)
     base = {**work["base"], **scenario_settings(scen)}
 
     def settings(method: str, lr: float, batch: int, knob: Any, seed: int) -> dict[str, Any]:
@@ -199,34 +210,39 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             for lr in proto["lr"]:
                 for batch in proto["batch"]:
                     r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m,
-                                peer=peer[m])  # fmt: skip
+                                peer=peer[m], metric=metric)  # fmt: skip
                     knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
                     tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
                     say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: "
-                        + _said(r))
+                        + _said(r, metric))
         # 2. BSP's most accurate grid point, over the target seeds: the median final
         # validation accuracy minus the margin (one seed's best of a grid is an optimistic
         # target: the tuned BSP itself missed it in 5 of 5 measuring seeds).
-        top = max(tuning["bsp"], key=lambda t: t["final_val"])
+        top = max(tuning["bsp"], key=lambda t: metric.rank(t["final_val"]))
         target_runs = [top] + [
-            run_one(settings("bsp", top["lr"], top["batch"], None, seed), new_dir, "bsp")
+            run_one(settings("bsp", top["lr"], top["batch"], None, seed), new_dir, "bsp",
+                    metric=metric)  # fmt: skip
             for seed in proto["target_seeds"]
             if seed != proto["tune_seed"]
         ]
         finals = [r["final_val"] for r in target_runs]
-        target = statistics.median(finals) - proto["margin"]
-        say(f"  {name}: target {100 * target:.2f} % validation accuracy (BSP lr {top['lr']}, "
-            f"batch {top['batch']}: finals {', '.join(f'{100 * v:.2f}' for v in finals)} %)")
+        if any(v is None for v in finals):
+            raise RuntimeError(f"{name}: BSP diverged on a target seed at its best grid point "
+                               f"(lr {top['lr']}, batch {top['batch']}): no target")  # fmt: skip
+        median = statistics.median(finals)
+        target = metric.target(median, proto["margin"])
+        say(f"  {name}: target {metric.show(target)} {metric.name} (BSP lr {top['lr']}, "
+            f"batch {top['batch']}: finals {', '.join(metric.show(v) for v in finals)})")
 
         # Choices are made against BSP's median itself (the target plus the margin): a
         # setting that barely crossed the target on the tuning seed misses it on others (in
         # the run before this rule the tuned BSP reached it in 0 of 5 measuring seeds).
-        bar = target + proto["margin"]
+        bar = median
 
         def candidates(m: str) -> list[dict[str, Any]]:
             for t in tuning[m]:
-                t["tta"] = first_at_or_above(t["val"], bar)
-                t["final"] = t["final_val"]
+                t["tta"] = first_reaching(t["val"], bar, metric)
+                t["final"] = metric.rank(t["final_val"])
             return tuning[m]
 
         chosen: dict[str, dict[str, Any]] = {}
@@ -234,14 +250,15 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             best = pick(candidates(m))
             for value in work["methods"][m].get("values", [])[1:]:
                 r = run_one(settings(m, best["lr"], best["batch"], value, proto["tune_seed"]),
-                            new_dir, m, peer=peer[m])  # fmt: skip
+                            new_dir, m, peer=peer[m], metric=metric)  # fmt: skip
                 tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
                 say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
-                    f"{value}: " + _said(r))
+                    f"{value}: " + _said(r, metric))
             best = pick(candidates(m))
             chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
             reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
-            say(f"  {name} {m}: chose {chosen[m]} (to {100 * bar:.2f} % on validation: {reached})")
+            say(f"  {name} {m}: chose {chosen[m]} (to {metric.show(bar)} on validation: "
+                f"{reached})")
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         for seed in proto["seeds"]:  # 4. interleaved, a random order per seed
             order = list(methods)
@@ -249,39 +266,47 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             for m in order:
                 c = chosen[m]
                 r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m,
-                            peer=peer[m])  # fmt: skip
+                            peer=peer[m], metric=metric)  # fmt: skip
                 r.update(seed=seed, order=order.index(m),
-                         tta_val=first_at_or_above(r["val"], target))  # fmt: skip
+                         tta_val=first_reaching(r["val"], target, metric))  # fmt: skip
                 runs[m].append(r)
                 reached = "never" if r["tta_val"] is None else f"{r['tta_val']:.1f} s"
-                say(f"  measure {name} seed {seed} {m:16} to target {reached}; test "
-                    f"{100 * r['final_test']:.2f} %, syncs {r['syncs']}")
+                test = "-" if r["final_test"] is None else metric.show(r["final_test"])
+                say(f"  measure {name} seed {seed} {m:16} to target {reached}; test {test}, "
+                    f"syncs {r['syncs']}")
     medians = {
         m: {k: spread([r[k] for r in rs])
             for k in ("tta_val", "final_test", "final_val", "train_time_s")}
         for m, rs in runs.items()
     }
     return {"description": scen["description"], "ranks": scen["ranks"], "target": target,
+            "metric": metric.key,
             "target_finals": finals, "target_setting": {"lr": top["lr"], "batch": top["batch"]},
             "chosen": chosen, "tuning": tuning, "runs": runs, "medians": medians}  # fmt: skip
 
 
 def table(name: str, res: dict[str, Any]) -> str:
     """One scenario's markdown table: each method's choice, medians [min..max], every seed."""
-    def fmt(s: dict[str, Any], scale: float = 1.0, unit: str = " s") -> str:
+    metric = METRICS[res.get("metric", "acc")]
+    acc = metric.key == "acc"
+
+    def fmt(s: dict[str, Any], scale: float = 1.0, unit: str = " s", digits: int = 1) -> str:
         if s["median"] is None:
             return f"never (0 of {s['of']})"
-        return (f"{scale * s['median']:.1f}{unit} [{scale * s['min']:.1f}..{scale * s['max']:.1f}]"
-                f" ({s['n']} of {s['of']})")  # fmt: skip
+        return (f"{scale * s['median']:.{digits}f}{unit} [{scale * s['min']:.{digits}f}.."
+                f"{scale * s['max']:.{digits}f}] ({s['n']} of {s['of']})")  # fmt: skip
+
+    def score(s: dict[str, Any]) -> str:
+        return fmt(s, 100, " %") if acc else fmt(s, 1, f" {metric.key}", 3)
 
     bsp = res["medians"]["bsp"]["tta_val"]["median"]
     rows = [f"### {name}: {res['description']}", "",
-            f"Target: {100 * res['target']:.2f} % validation accuracy: BSP at lr "
+            f"Target: {metric.show(res['target'])} {metric.name}: BSP at lr "
             f"{res['target_setting']['lr']}, batch {res['target_setting']['batch']} ended at "
-            + ", ".join(f"{100 * v:.2f}" for v in res["target_finals"])
-            + " % over the target seeds; their median minus the margin.", "",
-            "| method | lr, batch, knob | to target (validation) | / tuned BSP | final test acc "
-            "| final validation acc | every seed: time to target |",
+            + ", ".join(metric.show(v) for v in res["target_finals"])
+            + " over the target seeds; their median, less good by the margin.", "",
+            f"| method | lr, batch, knob | to target (validation) | / tuned BSP | final test "
+            f"{metric.key} | final validation {metric.key} | every seed: time to target |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, med in res["medians"].items():
         c = res["chosen"][m]
@@ -294,8 +319,8 @@ def table(name: str, res: dict[str, Any]) -> str:
             seeds += " (syncs warm-up/voted/forced, seed 0: " + "/".join(
                 str(syncs[k]) for k in ("warmup_syncs", "voted_syncs", "forced_syncs")) + ")"
         rows.append(f"| {m} | {c['lr']}, {c['batch']}, {c['knob']} | {fmt(med['tta_val'])} | "
-                    f"{ratio} | {fmt(med['final_test'], 100, ' %')} | "
-                    f"{fmt(med['final_val'], 100, ' %')} | {seeds} |")  # fmt: skip
+                    f"{ratio} | {score(med['final_test'])} | "
+                    f"{score(med['final_val'])} | {seeds} |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -342,6 +367,18 @@ def on_testbed(scenario: dict[str, Any], cmd: list[str]) -> list[str]:
     nodes = [a for node in scenario["testbed"] for a in ("--node", node)]
     return [sys.executable, str(ROOT / "jobs" / "testbed.py"), "--name", TESTBED, "run", *nodes,
             "--", *cmd]  # fmt: skip
+
+
+def prepare_data(work: dict[str, Any]) -> None:
+    """Run the workload's ``[prepare] convert`` (hethpc-convert) unless its output is there."""
+    out = converted_out(work)
+    if out is None or (ROOT / out / "train" / "manifest.json").is_file():
+        return
+    cmd = [sys.executable, "-m", "hethpc.cli.convert", *work["prepare"]["convert"]]
+    print(f"preparing the data: {' '.join(cmd[1:])}", flush=True)
+    if subprocess.run(cmd, cwd=ROOT, check=False).returncode != 0:
+        raise SystemExit(f"bench_evidence: converting the workload's data into {out} failed "
+                         "(its output is above)")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -397,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: left out, a testbed scenario (docs/testbed.md); this host lacks "
                   f"{lack}", flush=True)  # fmt: skip
             names.remove(name)
+    prepare_data(work)
     quick_flags = [f for f, on in (("--quick", args.quick), ("--quick-peers", args.quick_peers))
                    if on]  # fmt: skip
     if args.methods:

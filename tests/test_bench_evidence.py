@@ -37,7 +37,38 @@ WORKLOAD_TEXT = bench_evidence.WORKLOAD.read_text()
 def test_time_to_target_is_the_first_evaluation_at_or_above(
     curve: list, target: float, want: float | None
 ) -> None:
-    assert _protocol.first_at_or_above(curve, target) == want
+    assert _protocol.first_reaching(curve, target) == want
+
+
+def test_bits_per_byte_reach_their_target_from_above() -> None:
+    bpb = _protocol.METRICS["bpb"]
+    curve = [(1.0, 4.0), (2.0, 3.2), (3.0, 3.0)]
+    assert _protocol.first_reaching(curve, 3.2, bpb) == 2.0
+    assert _protocol.first_reaching(curve, 2.9, bpb) is None
+    assert bpb.target(3.1, 0.05) == pytest.approx(3.15)  # the margin is worse: higher
+    assert _protocol.METRICS["acc"].target(0.98, 0.005) == pytest.approx(0.975)
+    # the choice prefers the lower final bits per byte, and a diverged run (None) least
+    a, b, c = ({"tta": None, "final": bpb.rank(v)} for v in (3.4, 3.1, None))
+    assert _protocol.pick([a, b, c]) is b
+    assert bpb.show(3.14159) == "3.142 bpb" and _protocol.METRICS["acc"].show(0.9712) == "97.12 %"
+
+
+def test_the_text_workload_converts_its_data_first(tmp_path: Path) -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD.parent / "text.toml")
+    assert _protocol.metric_of(work["protocol"]).key == "bpb"
+    assert _protocol.converted_out(work) == work["base"]["data"]
+    assert _protocol.converted_out(_protocol.load_workload(bench_evidence.WORKLOAD)) is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text(WORKLOAD_TEXT + '\n[prepare]\nconvert = ["text", "--context", "64"]\n')
+    with pytest.raises(SystemExit, match=r"\[prepare\] convert must be .* --out OUT"):
+        _protocol.load_workload(bad)
+
+
+def test_a_workload_names_a_known_metric(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(WORKLOAD_TEXT.replace("[protocol]\n", '[protocol]\nmetric = "loss"\n', 1))
+    with pytest.raises(SystemExit, match="metric = 'loss'.*'acc', 'bpb'"):
+        _protocol.load_workload(bad)
 
 
 def test_pick_prefers_the_earliest_then_the_better_final() -> None:
@@ -61,8 +92,9 @@ def test_evaluations_every_so_many_samples() -> None:
     assert [_protocol.eval_every_steps(3200, b) for b in (128, 256, 512)] == [25, 12, 6]
 
 
-def test_every_scenario_and_method_of_the_workload_is_a_valid_run() -> None:
-    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+@pytest.mark.parametrize("name", ["mnist1d", "text"])
+def test_every_scenario_and_method_of_the_workload_is_a_valid_run(name: str) -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD.parent / f"{name}.toml")
     for scen in work["scenarios"].values():
         for m in scen["methods"]:
             method = work["methods"][m]
