@@ -9,6 +9,7 @@ counted, so a run's figures do not depend on its size).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -134,25 +135,20 @@ def average_tensors_(
     for (dtype, device), members in kinds.items():
         numel = sum(tensors[i].numel() for i in members)
         flat = _buffer(f"{name}.flat", dtype, device, numel)
-        offset = 0
-        for i in members:
-            t, ref, k = tensors[i], refs[i], tensors[i].numel()
-            part = flat[offset : offset + k].view_as(t)
+        ends = accumulate(tensors[i].numel() for i in members)
+        parts = [(tensors[i], refs[i], flat[end - tensors[i].numel() : end].view_as(tensors[i]))
+                 for i, end in zip(members, ends, strict=True)]  # fmt: skip
+        for t, ref, part in parts:  # what travels: the tensor, or its change since ref
             if ref is None:
                 part.copy_(t)
             else:
                 torch.sub(t, ref, out=part)
-            offset += k
         if weight is not None:
             flat.mul_(float(weight))
         nbytes += allreduce_flat_(flat, op, codec, group=group, name=f"{name}.{dtype}")
-        offset = 0
-        for i in members:
-            t, ref, k = tensors[i], refs[i], tensors[i].numel()
-            part = flat[offset : offset + k].view_as(t)
+        for t, ref, part in parts:
             if ref is None:
                 t.copy_(part)
             else:
                 torch.add(ref, part, out=t)
-            offset += k
     return nbytes
