@@ -19,6 +19,13 @@ import pytest
 from hethpc import comm
 
 
+@pytest.fixture(scope="module")
+def world() -> tuple[int, int]:
+    """This rank and the world's size (every test module's view of the job)."""
+    comm.init()
+    return comm.rank(), comm.size()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     # The Makefile runs these tests once per transport (HETHPC_TEST_TRANSPORT): "auto" is

@@ -12,12 +12,6 @@ from hethpc import comm
 from hethpc.comm import ReduceOp
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def test_init_is_idempotent(world: tuple[int, int]) -> None:
     comm.init()
     assert (comm.rank(), comm.size()) == world

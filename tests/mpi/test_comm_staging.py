@@ -32,12 +32,6 @@ class Gate:
         self.open.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _value(k: int) -> torch.Tensor:
     return torch.full((256, 3), float(k)) + torch.arange(3.0)
 

@@ -15,12 +15,6 @@ from hethpc.data.injection import senders, share_size
 from hethpc.data.partition import LabelSkewPartitioner
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _one_label_per_rank(n: int) -> ArrayDataset:
     y = np.arange(40 * n) % n
     x = np.stack([y, np.arange(len(y))], axis=1).astype(np.float32)

@@ -13,12 +13,6 @@ from hethpc.data import verify as verify_module
 from hethpc.data.shared import open_dataset_shared
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _shared_dir(factory: pytest.TempPathFactory, r: int) -> Path:
     tmp = str(factory.mktemp("shared")) if r == 0 else None
     return Path(comm.broadcast_object(tmp))

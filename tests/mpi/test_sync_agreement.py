@@ -16,12 +16,6 @@ from hethpc.sync.agreement import agree
 from hethpc.sync.averaging import average_gradients_, average_model_
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))

@@ -26,12 +26,6 @@ CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 F32_SLACK = 4 * torch.finfo(torch.float32).eps  # float32 rounding of what the ranks add up
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))

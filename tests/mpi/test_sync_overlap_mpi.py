@@ -6,14 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from hethpc import comm
 from hethpc.sync import BSP, SyncError
-
-
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
 
 
 class _Net(nn.Module):

@@ -13,12 +13,6 @@ from hethpc.sync import BSP
 from hethpc.sync.powersgd import PowerSGD
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(30, 40), nn.Tanh(), nn.Linear(40, 3))

@@ -16,12 +16,6 @@ import hethpc
 from hethpc import comm
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def _blobs(n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, n)

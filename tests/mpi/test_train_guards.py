@@ -18,12 +18,6 @@ from hethpc.train.settings.compare import check_same_config
 from hethpc.train.watch.guards import check_same_model, nonfinite_ranks
 
 
-@pytest.fixture(scope="module")
-def world() -> tuple[int, int]:
-    comm.init()
-    return comm.rank(), comm.size()
-
-
 def test_same_config_passes(world: tuple[int, int]) -> None:
     r, _ = world
     check_same_config(TrainConfig(cache_dir=f"/node{r}", progress=r == 0))  # local settings
