@@ -47,3 +47,11 @@ def test_overhead_and_comm_benchmarks_print_their_peer_rows() -> None:
     comm_rows = _last_json(["benchmarks/bench_comm.py", "--quick"])
     assert comm_rows["ranks"] == 2
     assert comm_rows["mpi_1elem_allreduce_us"] > 0 and comm_rows["horovod_1elem_allreduce_us"] > 0
+
+
+def test_wait_benchmark_times_hethpc_beside_a_blocking_allreduce_and_gloo() -> None:
+    got = _last_json(["benchmarks/bench_wait.py", "--quick", "--reps", "5"])
+    assert got["reps"] == 30  # --quick sets it
+    for key in ("MPI_Allreduce", "hethpc_500us", "hethpc_50us", "gloo"):
+        assert got["shm"][f"{key}_ms"] > 0 and got["shm"][f"{key}_cpu_ms"] >= 0, key
+    assert len(got["per_rank"]["shm"]) == 2
