@@ -20,19 +20,7 @@ if "$launcher" --version 2>&1 | grep -q "Open MPI"; then
     if "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/probe_cma.py"; then mechanism=cma; fi
     export OMPI_MCA_btl_vader_single_copy_mechanism=$mechanism
   fi
-  # Ranks that wait in MPI yield the core instead of spinning: on a workstation the ranks,
-  # Horovod's background threads and the loaders share few cores (a 10x step time difference
-  # on 2 cores). Set it to 0 on dedicated nodes for the lowest latency.
-  export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-  # Between nodes over TCP: messages in 1 MB pieces through 4 MB socket buffers (Open MPI's
-  # defaults: 64 KB, 128 KB pieces, the system's buffers). hethpc's ranks wait without spinning,
-  # and a transfer moves only while its rank tests it: fewer, larger pieces need fewer tests. A
-  # 423 KB allreduce over a 200 Mbit/s testbed link: 15.0 ms against 16.0 (benchmarks/bench_wait.py).
-  export OMPI_MCA_btl_tcp_eager_limit=${OMPI_MCA_btl_tcp_eager_limit:-1048576}
-  export OMPI_MCA_btl_tcp_rndv_eager_limit=${OMPI_MCA_btl_tcp_rndv_eager_limit:-1048576}
-  export OMPI_MCA_btl_tcp_max_send_size=${OMPI_MCA_btl_tcp_max_send_size:-1048576}
-  export OMPI_MCA_btl_tcp_sndbuf=${OMPI_MCA_btl_tcp_sndbuf:-4194304}
-  export OMPI_MCA_btl_tcp_rcvbuf=${OMPI_MCA_btl_tcp_rcvbuf:-4194304}
+  source "$(dirname "${BASH_SOURCE[0]}")/openmpi_env.sh"  # yield when idle, TCP pieces
   # A node that drops off the network (cable, switch, power) sends no reset: mpirun hears of it
   # only by TCP keepalive, after 300 s by default, and until then the job hangs. Probing every
   # 5 s, 5 times, ends it about 30 s after the cut, naming the node (docs/testbed.md); a short

@@ -17,19 +17,9 @@ fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 # A rank that stops answering ends the job instead of holding the allocation.
 export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-600}
-# Ranks waiting in MPI yield their core instead of spinning: Horovod's background thread and the
-# loader share the task's CPUs (10.2 s against 14.6-40.5 s on a loaded 2-CPU node). Set it to 0
-# for the lowest latency when every rank has cores to spare.
-export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-# Between nodes over TCP: messages in 1 MB pieces through 4 MB socket buffers (Open MPI's
-# defaults: 64 KB, 128 KB pieces, the system's buffers). hethpc's ranks wait without spinning,
-# and a transfer moves only while its rank tests it: fewer, larger pieces need fewer tests. A
-# 423 KB allreduce over a 200 Mbit/s testbed link: 15.0 ms against 16.0 (benchmarks/bench_wait.py).
-export OMPI_MCA_btl_tcp_eager_limit=${OMPI_MCA_btl_tcp_eager_limit:-1048576}
-export OMPI_MCA_btl_tcp_rndv_eager_limit=${OMPI_MCA_btl_tcp_rndv_eager_limit:-1048576}
-export OMPI_MCA_btl_tcp_max_send_size=${OMPI_MCA_btl_tcp_max_send_size:-1048576}
-export OMPI_MCA_btl_tcp_sndbuf=${OMPI_MCA_btl_tcp_sndbuf:-4194304}
-export OMPI_MCA_btl_tcp_rcvbuf=${OMPI_MCA_btl_tcp_rcvbuf:-4194304}
+# Ranks that yield their core while they wait in MPI, and TCP in 1 MB pieces (the same as
+# scripts/mpirun.sh).
+source "$root/scripts/openmpi_env.sh"
 # Large messages within a node by one copy (CMA) where the host allows it (scripts/probe_cma.py).
 if [[ -z ${OMPI_MCA_btl_vader_single_copy_mechanism:-} ]]; then
   OMPI_MCA_btl_vader_single_copy_mechanism=none
