@@ -363,3 +363,22 @@ def test_a_stray_label_that_leaves_classes_empty_is_named() -> None:
                       r"0 \(2\), 1 \(2\), 2 \(2\), 3 \(2\), 7 \(1\)"):  # fmt: skip
         data = hethpc.data.adapt.from_arrays(x, y, name="train_data")
     assert data.num_classes == 8
+
+
+@pytest.mark.parametrize("sync", ["bsp", "selsync", "ssp"])
+def test_coordinator_skips_a_nonfinite_step_and_steps_the_next(sync: str) -> None:
+    coord = _coordinator(global_batch=16, sync=sync)
+    before = [p.detach().clone() for p in coord.model.parameters()]
+    for p in coord.model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    assert coord.step(loss=torch.tensor(1.0)) is None
+    assert coord.skipped == 1 and coord.steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, coord.model.parameters(), strict=True))
+    for p in coord.model.parameters():
+        p.grad = torch.ones_like(p)
+    assert coord.step(loss=torch.tensor(float("nan"))) is None  # a bad loss skips it too
+    for p in coord.model.parameters():
+        p.grad = torch.ones_like(p)
+    assert coord.step(loss=torch.tensor(1.0)) is not None
+    assert coord.skipped == 2 and coord.steps == 3
+    assert not all(torch.equal(a, b) for a, b in zip(before, coord.model.parameters(), strict=True))

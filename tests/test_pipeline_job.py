@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from hethpc.train.parts.engine import check_pipeline_config, check_stage_parameters, model_chunks
+from hethpc.train.parts.pipeline_stage import (
+    check_pipeline_config,
+    check_stage_parameters,
+    model_chunks,
+)
 from hethpc.train.settings.config import ConfigError, TrainConfig
 
 

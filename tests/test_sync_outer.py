@@ -11,7 +11,7 @@ from torch import nn
 from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError
 from hethpc.sync.outer import OuterOptimizer, outer_update
 from hethpc.train import TrainConfig
-from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.parts.pipeline_stage import check_pipeline_config
 from hethpc.train.settings.config import ConfigError
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from hethpc.sync import SSP, make_policy
 from hethpc.train import TrainConfig
-from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.parts.pipeline_stage import check_pipeline_config
 from hethpc.train.settings.config import ConfigError
 
 

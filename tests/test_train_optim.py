@@ -15,7 +15,7 @@ import hethpc
 from hethpc.cli.train import parse_config
 from hethpc.sync.averaging import optimizer_state_tensors
 from hethpc.train import ConfigError, TrainConfig, lr_factor, param_groups, read_metrics
-from hethpc.train.parts.engine import micro_batches
+from hethpc.train.parts.data_parallel import micro_batches
 from hethpc.train.parts.optim import GradientClip, make_optimizer
 from hethpc.train.settings.compare import resume_differences
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.errors import PipelineError
-from hethpc.pipeline.groups import make_pipeline_groups
+from hethpc.pipeline.groups import PipelineGroups, make_pipeline_groups
 from hethpc.pipeline.pipe import Pipeline, default_device
 from hethpc.pipeline.profile import partition_by_time
 from hethpc.pipeline.schedule import chunks_per_stage
@@ -29,10 +29,14 @@ def build_pipeline(
     device: torch.device | str | None = None,
     progress_interval: float | str | None = "auto",
     split_backward: bool = True,
+    groups: PipelineGroups | None = None,
+    average_replicas: bool = True,
 ) -> Pipeline:
     """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
 
-    Every world rank calls it with the same arguments. Replicas average their gradients.
+    Every world rank calls it with the same arguments. Replicas average their gradients, unless
+    ``average_replicas`` is False (the caller then synchronises them: the training job's sync
+    policy does).
 
     Args:
         model: the whole model, built identically (same seed) on every rank.
@@ -53,40 +57,66 @@ def build_pipeline(
         device: default ``cuda:<local rank>`` when present, else CPU.
         progress_interval: see :class:`Pipeline` (None: no progress thread).
         split_backward: see :class:`Pipeline`.
+        groups: the pipeline and replica groups, made by the caller with
+            :func:`~hethpc.pipeline.groups.make_pipeline_groups` (default: made here).
+        average_replicas: the replicas average their gradients in :meth:`Pipeline.train_step`.
 
     Raises:
         PipelineError: ``stages`` does not divide the world size, bad settings, or
             ``balance="time"`` without a ``sample``.
         BalanceError: the model cannot be cut that way.
     """
-    groups = make_pipeline_groups(stages)
-    parts = stages * chunks_per_stage(schedule)
-    if balance is None or balance == "params":
-        balance = partition_by_params(model, parts)
-    elif balance == "time":
-        if sample is None:
-            raise PipelineError(
-                'balance="time" times the layers on a sample batch; pass sample=(x, y)'
-            )
-        dev = torch.device(device) if device is not None else default_device()
-        rows = max(1, sample[0].shape[0] // micro_batches)
-        balance = partition_by_time(
-            model, parts, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
-            loss_fn=loss_fn,
+    if groups is None:
+        groups = make_pipeline_groups(stages)
+    if isinstance(balance, str) or balance is None:
+        balance = choose_balance(
+            model, stages=stages, schedule=schedule, balance=balance, micro_batches=micro_batches,
+            sample=sample, loss_fn=loss_fn, device=device,
         )  # fmt: skip
-    elif isinstance(balance, str):
-        raise PipelineError(
-            f"balance must be 'params', 'time' or layers per stage, got {balance!r}"
-        )
     return Pipeline(
         model,
         balance=balance,
         micro_batches=micro_batches,
         schedule=schedule,
         stage_group=groups.stage_group,
-        dp_group=groups.dp_group,
+        dp_group=groups.dp_group if average_replicas else None,
         checkpoint=checkpoint,
         device=device,
         progress_interval=progress_interval,
         split_backward=split_backward,
     )
+
+
+def choose_balance(
+    model: nn.Sequential,
+    *,
+    stages: int,
+    schedule: str,
+    balance: str | None,
+    micro_batches: int = 1,
+    sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[int, ...]:
+    """The layers per chunk (in chunk order) that ``balance`` gives: "params" (also None) or
+    "time" (see :func:`build_pipeline`, whose arguments these are).
+
+    Raises:
+        PipelineError: an unknown ``balance``, or "time" without a ``sample``.
+        BalanceError: the model cannot be cut into that many chunks.
+    """
+    parts = stages * chunks_per_stage(schedule)
+    if balance is None or balance == "params":
+        return tuple(partition_by_params(model, parts))
+    if balance == "time":
+        if sample is None:
+            raise PipelineError(
+                'balance="time" times the layers on a sample batch; pass sample=(x, y)'
+            )
+        dev = torch.device(device) if device is not None else default_device()
+        rows = max(1, sample[0].shape[0] // micro_batches)
+        return tuple(partition_by_time(
+            model, parts, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
+            loss_fn=loss_fn,
+        ))  # fmt: skip
+    raise PipelineError(f"balance must be 'params', 'time' or layers per stage, got {balance!r}")

@@ -15,9 +15,10 @@ from hethpc.batching.busy import CpuShare
 from hethpc.sync.records import SyncRecord
 from hethpc.train.parts.capabilities import finish_policy, make_controller, make_policy
 from hethpc.train.parts.optim import GradientClip
+from hethpc.train.run.synchronise import synchronise
 from hethpc.train.settings.config import ConfigError
 from hethpc.train.settings.sources import did_you_mean, make_config
-from hethpc.train.watch.guards import check_same_model, local_nonfinite, nonfinite_ranks
+from hethpc.train.watch.guards import check_same_model
 
 
 class Coordinator:
@@ -166,23 +167,21 @@ class Coordinator:
         )
         self._t0 = math.nan
         record: SyncRecord | None = None
-        params = list(self.model.parameters())
-        bad = (
-            nonfinite_ranks(
-                local_nonfinite(0.0 if loss is None else loss, (p.grad for p in params))
-            )
-            if self.skip_nonfinite
-            else []
-        )
-        if bad:
-            self.optimizer.zero_grad()
-            self.skipped += 1
-        else:
-            sizes = self.batch_sizes
-            weight = float(sizes[comm.rank()]) / float(sizes.sum())
+        sizes = self.batch_sizes
+        weight = float(sizes[comm.rank()]) / float(sizes.sum())
+        if not self.skip_nonfinite:
             record = self.policy.step(
                 self.model, self.optimizer, weight=weight, compute_s=compute_s
             )
+        else:
+            bad, record = synchronise(
+                self.policy, self.model, self.optimizer, loss=loss, weight=weight,
+                compute_s=compute_s,
+            )  # fmt: skip
+            if bad:
+                self.optimizer.zero_grad()
+                self.skipped += 1
+                record = None
         own_s = self._cpu.end_step(compute_s)
         self.controller.update(step=step, compute_s=compute_s if self._on_gpu else own_s)
         self.steps += 1

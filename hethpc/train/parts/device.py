@@ -1,9 +1,13 @@
-"""Which device a rank computes on: the ``device`` setting, the GPUs it sees, its local rank."""
+"""Which device a rank computes on (the ``device`` setting, the GPUs it sees, its local rank),
+and how it is described in the log and the summary."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from hethpc import comm
 from hethpc.train.errors import ConfigError
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -43,3 +47,16 @@ def this_device(setting: str, local_rank: int) -> torch.device:
     """:func:`pick_device` with the GPUs this process sees."""
     gpus = torch.cuda.device_count() if setting != "cpu" else 0
     return pick_device(setting, local_rank=local_rank, gpus=gpus)
+
+
+def describe_device(device: torch.device) -> str:
+    """``"cpu"``, or the GPU with the paths its transfers take."""
+    if device.type != "cuda":
+        return str(device)
+    t = comm.transfers()
+    return f"{device} (p2p: {t.p2p}; allreduce: {t.allreduce})"
+
+
+def run_facts(device: torch.device) -> dict[str, Any]:
+    """This rank's device and transfer paths, for the run's summary."""
+    return {"device": str(device), "transfers": comm.transfers().as_dict()}

@@ -1,165 +1,65 @@
-"""Step engines: this rank's forward and backward, data-parallel or as one pipeline stage.
+"""Step engines: what the training loop asks of this rank's forward and backward, data-parallel
+(:class:`~hethpc.train.parts.data_parallel.DataParallel`) or as one pipeline stage
+(:class:`~hethpc.train.parts.pipeline_stage.PipelineStage`).
 
 The training loop (:mod:`hethpc.train.run.loop`) is the same for both: it reads batches, calls
-:meth:`compute`, lets the sync policy step the optimizer over :attr:`module` within
-:attr:`group`, and evaluates, checkpoints and reports. An engine says where this rank sits:
-which replica's batch it reads (:attr:`replica` of :attr:`replicas`), which ranks hold the
-same parameters (:attr:`group`), and whether it computes the loss.
+:meth:`Engine.compute`, lets the sync policy step the optimizer over :attr:`Engine.module`
+within :attr:`Engine.group`, and evaluates, checkpoints and reports. An engine says where this
+rank sits: which replica's batch it reads (:attr:`Engine.replica` of :attr:`Engine.replicas`),
+which ranks hold the same parameters (:attr:`Engine.group`), and whether it computes the loss.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.comm import Group, ReduceOp
+from hethpc.comm import Group
 from hethpc.data import ArrayDataset
-from hethpc.data.transform import is_sequence, to_batch
-from hethpc.pipeline import Pipeline
-from hethpc.pipeline.balance import partition_by_params
-from hethpc.pipeline.groups import make_pipeline_groups
-from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
-from hethpc.sync import POLICIES
-from hethpc.sync.factory import policy_class
-from hethpc.train.evaluation import Metric, evaluate_all
+from hethpc.train.evaluation import Metric
+from hethpc.train.parts.data_parallel import DataParallel, Loss
 from hethpc.train.parts.device import this_device
-from hethpc.train.settings.config import ConfigError, TrainConfig
-
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-# Settings a pipelined run does not support yet; refused up front, named in the error. Of the
-# sync policies only those whose ranks step together are wired in (not the asynchronous: ssp).
-_ASYNCHRONOUS = " or ".join(name for name, policy in POLICIES.items() if policy.asynchronous)
-_PIPELINE_UNSUPPORTED: tuple[tuple[Callable[[TrainConfig], bool], str], ...] = (
-    (lambda cfg: cfg.inject_alpha != 0.0, "no --inject-alpha"),
-    (lambda cfg: cfg.outer_optimizer != "none", "no --outer-optimizer"),
-    (lambda cfg: policy_class(cfg.sync).asynchronous, f"no --sync {_ASYNCHRONOUS}"),
-    (lambda cfg: cfg.inner_steps != "fixed", "no --inner-steps speed"),
-)
+from hethpc.train.parts.pipeline_stage import PipelineStage, check_pipeline_config
+from hethpc.train.settings.config import TrainConfig
 
 
-def check_pipeline_config(cfg: TrainConfig, world_size: int) -> None:
-    """Refuse settings a pipelined run cannot honour (the same decision on every rank).
+class Engine(Protocol):
+    """What the training loop reads and calls on a step engine."""
 
-    Raises:
-        ConfigError: ``--pipeline-stages`` does not divide the world size, the global batch
-            does not split into replicas and micro-batches, or a setting is unsupported
-            (SSP, injection, an outer optimizer, speed-sized inner steps).
-    """
-    p = cfg.pipeline_stages
-    if world_size % p:
-        raise ConfigError(
-            f"--pipeline-stages {p} must divide the number of ranks {world_size} "
-            f"(world = stages x replicas); launch a multiple of {p} ranks"
-        )
-    d = world_size // p
-    if cfg.batch_size // d < cfg.micro_batches:
-        raise ConfigError(
-            f"--batch-size {cfg.batch_size} must give each of the {d} replica(s) at least "
-            f"--micro-batches {cfg.micro_batches} rows"
-        )
-    wrong = [need for unsupported, need in _PIPELINE_UNSUPPORTED if unsupported(cfg)]
-    if wrong:
-        raise ConfigError(
-            f"--pipeline-stages {p} supports only: {', '.join(wrong)} (not wired in yet)"
-        )
+    module: nn.Module  # this rank's parameters: the whole model, or its stage's chunks
+    device: torch.device
+    replica: int  # which replica's share of each global batch this rank reads
+    replicas: int
+    replica_leaders: list[int]  # a world rank of each replica
+    loss_rank: int  # the world rank whose losses the summary reports
+    collective_eval: bool  # evaluation is a collective over the world (a pipeline's)
+    saves_own_state: bool  # each rank checkpoints its own state (else rank 0's stands for all)
+    min_batch: int  # the fewest rows a replica's batch may have
+    takes_loss_scale: bool  # compute() scales the loss by the policy's weight
+    # Zero gradients in place instead of dropping them (set by the loop under data-parallel
+    # BSP, where a missing gradient counts as zeros anyway); an engine may ignore it.
+    zero_in_place: bool
 
-
-def model_chunks(cfg: TrainConfig, layers: int, stages: int) -> int:
-    """How many chunks ``cfg.schedule`` cuts a model of ``layers`` layers into on ``stages``
-    stages: one per stage, or two in a V (zbv), in chunk order.
-
-    Raises:
-        ConfigError: zbv's 2P chunks need more layers than the model has (a model with fewer
-            layers than stages is refused by the balance, for every schedule).
-    """
-    chunks = chunks_per_stage(cfg.schedule) * stages
-    if chunks > layers >= stages:
-        raise ConfigError(
-            f"--schedule {cfg.schedule} cuts the model into two chunks per stage, {chunks} "
-            f"for --pipeline-stages {stages}, but model {cfg.model} has {layers} layers; use "
-            f"--schedule zb (one chunk per stage) or a model with at least {chunks} layers",
-            key="schedule",
-        )
-    return chunks
-
-
-def check_stage_parameters(
-    cfg: TrainConfig, model: nn.Sequential, balance: tuple[int, ...], stages: int
-) -> None:
-    """Refuse a cut that leaves a pipeline stage without trainable parameters (pure: every
-    rank decides alike, before any stage is built).
-
-    ``balance`` is the layers per chunk, in chunk order; a stage holds one chunk, or two in a
-    V (:func:`~hethpc.pipeline.schedule.v_chunks`).
-
-    Raises:
-        ConfigError: naming the stage count, the layers with parameters and the fix.
-    """
-    holds = [any(p.requires_grad for p in layer.parameters()) for layer in model]
-    placement = v_chunks(stages) if cfg.schedule in V_SCHEDULES else list(range(stages))
-    has = [False] * stages
-    start = 0
-    for chunk, count in enumerate(balance):
-        has[placement[chunk]] |= any(holds[start : start + count])
-        start += count
-    empty = [s for s in range(stages) if not has[s]]
-    if not empty:
-        return
-    named = [f"#{i} {type(layer).__name__}" for i, layer in enumerate(model) if holds[i]]
-    fewer = "1 (no pipeline)" if len(named) <= 1 else f"{len(named)} or fewer"
-    fix = (
-        f"use --pipeline-stages {fewer}, or a model with at least {stages} layers that hold "
-        "parameters"
-        if len(named) < stages
-        else "use --schedule 1f1b (one chunk per stage), or a model with more layers that "
-        "hold parameters"
-    )
-    raise ConfigError(
-        f"--pipeline-stages {stages}: stage(s) {empty} would hold no trainable parameters "
-        f"(nothing for their optimizer to train): model {cfg.model} has {len(named)} layer(s) "
-        f"with parameters among its {len(model)} layers ({', '.join(named) or 'none'}); {fix}",
-        key="pipeline_stages",
-    )
-
-
-class DataParallel:
-    """Every rank holds the whole model and takes its own share of each global batch."""
-
-    def __init__(self, model: nn.Module, device: torch.device | None = None) -> None:
-        self.device = device if device is not None else this_device("auto", comm.local_rank())
-        self.module = model.to(self.device)
-        self.group: Group | None = None  # the world
-        self.replica, self.replicas = comm.rank(), comm.size()
-        self.replica_leaders = list(range(comm.size()))  # a world rank of each replica
-        self.loss_rank = 0  # the rank whose losses the summary reports
-        self.collective_eval = False
-        self.saves_own_state = False  # replicas equal under BSP: rank 0's state stands for all
-        self.min_batch = 1
-        # Zero gradients in place instead of dropping them: backward then accumulates into the
-        # sync policy's flat buffer (no fresh allocation, no copy into it). Only where a
-        # missing gradient counts as zeros anyway (BSP); elsewhere an unused parameter must
-        # keep None, so that the optimizer leaves it alone.
-        self.zero_in_place = False
-        self.takes_loss_scale = True  # compute() scales the loss by the policy's weight
+    @property
+    def group(self) -> Group | None:
+        """The ranks holding the same parameters (None: the world)."""
+        ...
 
     def describe(self) -> str:
-        return f"{comm.size()} rank(s), data-parallel on {describe_device(self.device)}"
+        """One line for the log: ranks, layout, device."""
+        ...
 
     def step_time(self, seconds: float) -> float:
-        """This replica's compute time for the batch controller: this rank's own."""
-        return seconds
+        """This replica's step time from this rank's ``seconds`` (the same on its ranks)."""
+        ...
 
     def control_time(self, own_s: float, compute_s: float) -> float:
-        """The time the batch controller follows: on a CPU, the forward and backward's CPU
-        time at the CPU share the rank gets (:class:`~hethpc.batching.busy.CpuShare`, which sees a
-        CPU quota's stalls wherever they fall); on a GPU the timed compute."""
-        return compute_s if self.device.type == "cuda" else own_s
+        """The time the batch controller follows, from the rank's own and timed compute."""
+        ...
 
     def compute(
         self,
@@ -172,227 +72,23 @@ class DataParallel:
         pieces: int = 1,
         before_backward: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Forward and backward of ``loss_scale`` times the loss (the policy's weight, see
-        :meth:`~hethpc.sync.SyncPolicy.loss_scale`); ``(loss, output)``, the loss unscaled;
-        gradients on :attr:`module`.
-
-        With ``pieces > 1`` the batch is computed in that many micro-batches of nearly equal
-        size (:func:`micro_batches`), each one's loss weighted by its share of the rows, so
-        the summed gradient is that of the whole batch; the loss returned is their weighted
-        mean, the output their outputs joined. ``before_backward`` is called before the
-        (last) backward pass: where a policy's hooks send the gradients as it runs, they
-        then see the sum.
-        """
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        if pieces > 1 and len(y) > 1:
-            return self._accumulate(x, y, loss_fn, poison, loss_scale, pieces, before_backward)
-        out = self.module(x)
-        loss = poison(loss_fn(out, y))
-        self._zero_grads()
-        if before_backward is not None:
-            before_backward()
-        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        return loss, out
-
-    def _accumulate(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        loss_fn: Loss,
-        poison: Callable[[Any], Any],
-        loss_scale: float,
-        pieces: int,
-        before_backward: Callable[[], None] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`compute` in ``pieces`` micro-batches, gradients summed by their rows."""
-        self._zero_grads()
-        bounds = micro_batches(len(y), pieces)
-        losses, outs = [], []
-        for i, (lo, hi) in enumerate(bounds):
-            share = (hi - lo) / len(y)
-            out = self.module(x[lo:hi])
-            loss = poison(loss_fn(out, y[lo:hi]))
-            if before_backward is not None and i == len(bounds) - 1:
-                before_backward()
-            (loss * (loss_scale * share)).backward()
-            losses.append(loss.detach() * share)
-            outs.append(out.detach())
-        return torch.stack(losses).sum(), torch.cat(outs)
-
-    def _zero_grads(self) -> None:
-        zero = []
-        for p in self.module.parameters():
-            if self.zero_in_place and p.grad is not None:
-                zero.append(p.grad)
-            else:
-                p.grad = None
-        if zero:
-            torch._foreach_zero_(zero)  # one call for every gradient (a dispatch per tensor)
+        """Forward and backward of one batch; ``(loss, output)``, either None where this rank
+        does not hold it; gradients on :attr:`module`."""
+        ...
 
     def step_fields(self) -> dict[str, Any]:
-        return {}
+        """Extra fields of each step's record."""
+        ...
 
     def summary_fields(self) -> dict[str, Any]:
-        return run_facts(self.device)
+        """Extra fields of the run's summary."""
+        ...
 
     def evaluate(
         self, data: ArrayDataset, metrics: Sequence[Metric], *, tick: Any = None
     ) -> list[float]:
-        """Each of ``metrics`` over all of ``data`` on this rank alone."""
-        return evaluate_all(self.module, data, metrics, tick=tick)
-
-
-class PipelineStage:
-    """This rank runs one stage of its replica's pipeline; world = stages x replicas.
-
-    Replica ``d`` is world ranks ``d*P .. d*P+P-1`` and reads slice ``d`` of each global batch;
-    stage ``s`` of every replica forms :attr:`group`, in which the sync policy averages that
-    stage's parameters or gradients.
-    """
-
-    def __init__(
-        self, cfg: TrainConfig, model: nn.Module, device: torch.device | None = None
-    ) -> None:
-        if not isinstance(model, nn.Sequential):
-            raise ConfigError(
-                f"model {cfg.model} is not an nn.Sequential, so it cannot be cut into "
-                "pipeline stages; give an nn.Sequential or use --pipeline-stages 1"
-            )
-        groups = make_pipeline_groups(cfg.pipeline_stages)
-        lay = self.layout = groups.layout
-        chunks = model_chunks(cfg, len(model), lay.stages)
-        self.balance = partition_by_params(model, chunks)
-        check_stage_parameters(cfg, model, self.balance, lay.stages)
-        self.pipe = Pipeline(
-            model,
-            balance=self.balance,
-            micro_batches=cfg.micro_batches,
-            schedule=cfg.schedule,
-            stage_group=groups.stage_group,
-            dp_group=None,  # the sync policy synchronises the replicas
-            device=device,
-        )
-        self.module = self.pipe.module
-        self.device = self.pipe.device
-        # One replica: a one-rank group, which never communicates (never the world).
-        self.group = groups.dp_group or Group((comm.rank(),), 0)
-        self.replica, self.replicas = lay.replica, lay.replicas
-        self.replica_leaders = [d * lay.stages for d in range(lay.replicas)]
-        # the world rank of replica 0's last chunk: its last stage, or in a V its first
-        self.loss_rank = self.pipe.placement[-1]
-        self.collective_eval = True
-        self.saves_own_state = True  # each rank holds a different stage
-        self.min_batch = cfg.micro_batches  # a replica's batch splits into m micro-batches
-        self.takes_loss_scale = False  # the pipeline weights its replicas' gradients itself
-        self._stage_group = groups.stage_group
-
-    def step_time(self, seconds: float) -> float:
-        """The replica's step time, the same on each of its stages (one tiny allreduce).
-
-        Every stage's batch controller (over its stage's replicas) then sees the same times
-        and takes the same decisions, so the stages of a replica keep one batch size.
-        """
-        return float(comm.allreduce_array(np.array([seconds]), ReduceOp.MAX, self._stage_group)[0])
-
-    def control_time(self, own_s: float, compute_s: float) -> float:
-        """The replica's step time (:meth:`step_time`): a stage's compute includes its waits
-        for its neighbours' messages, so its CPU time says too little."""
-        return compute_s
-
-    def describe(self) -> str:
-        lay = self.layout
-        return (
-            f"{comm.size()} ranks = {lay.stages} pipeline stages x {lay.replicas} replica(s), "
-            f"layers per {'chunk' if len(self.balance) > lay.stages else 'stage'} "
-            f"{list(self.balance)}, {self.pipe.micro_batches} micro-batches "
-            f"({self.pipe.schedule}), on {describe_device(self.device)}"
-        )
-
-    def compute(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        loss_fn: Loss,
-        poison: Callable[[Any], Any],
-        *,
-        loss_scale: float = 1.0,
-        pieces: int = 1,
-        before_backward: Callable[[], None] | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One batch through the pipeline; ``(loss on the last stage, None)``. The policy
-        scales a pipeline's gradients itself: ``loss_scale`` must be 1; the pipeline's own
-        micro-batches stand for ``pieces``, which must be 1 (the settings' rules refuse
-        ``accumulate`` with pipeline stages)."""
-        assert loss_scale == 1.0, "a pipeline stage takes no loss scale"
-        assert pieces == 1, "a pipeline stage splits its batch into its own micro-batches"
-        if before_backward is not None:
-            before_backward()
-        for p in self.module.parameters():
-            p.grad = None
-        value = self.pipe.train_step(x, y, loss_fn)
-        marker = poison(torch.zeros(()))  # a deliberate NaN fault poisons this stage's step
-        if not bool(torch.isfinite(marker)):
-            first = next((p for p in self.module.parameters() if p.grad is not None), None)
-            if first is not None:
-                first.grad.mul_(float("nan"))  # type: ignore[union-attr]
-        loss = torch.tensor(value, dtype=torch.float32) if value is not None else None
-        if loss is not None and not bool(torch.isfinite(marker)):
-            loss = loss * float("nan")
-        return loss, None
-
-    def step_fields(self) -> dict[str, Any]:
-        lay = self.layout
-        return {"idle": self.pipe.stats.idle_fraction, "stage": lay.stage, "replica": lay.replica}
-
-    def summary_fields(self) -> dict[str, Any]:
-        return {
-            "pipeline_stages": self.layout.stages,
-            "replicas": self.layout.replicas,
-            "balance": list(self.balance),
-            **run_facts(self.device),
-        }
-
-    def evaluate(
-        self,
-        data: ArrayDataset,
-        metrics: Sequence[Metric],
-        *,
-        batch: int = 2048,
-        tick: Any = None,
-    ) -> list[float]:
-        """Each of ``metrics`` through the pipelines (a collective over the world; equal
-        everywhere)."""
-        totals = np.zeros(len(metrics))
-        sequence = is_sequence(data)
-        self.module.eval()
-        for i in range(0, len(data), batch):
-            if tick is not None:
-                tick()
-            # as in training: uint8 scaled, token windows split into inputs and targets
-            x, y = to_batch(data.x[i : i + batch], data.y[i : i + batch], sequence=sequence)
-            out = self.pipe.forward(x)
-            if out is not None:
-                y = y.to(out.device)
-                for j, metric in enumerate(metrics):
-                    totals[j] += float(metric(out, y)) * len(y)
-        self.module.train()
-        # Each replica's last stage scored every sample: average the replicas.
-        summed = comm.allreduce_array(totals, ReduceOp.SUM) / self.replicas
-        return [float(v) / max(len(data), 1) for v in summed]
-
-
-Engine = DataParallel | PipelineStage
-
-
-def micro_batches(rows: int, pieces: int) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` rows of ``pieces`` micro-batches of nearly equal size over
-    ``rows`` rows (sizes differ by at most one, the larger first); fewer when ``rows <
-    pieces``, none empty (one empty piece for no rows)."""
-    n = max(1, min(pieces, rows))
-    base, extra = divmod(rows, n)
-    sizes = [base + (i < extra) for i in range(n)]
-    starts = [sum(sizes[:i]) for i in range(n)]
-    return [(a, a + k) for a, k in zip(starts, sizes, strict=True)]
+        """Each of ``metrics`` over all of ``data``."""
+        ...
 
 
 def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:
@@ -402,16 +98,3 @@ def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:
         check_pipeline_config(cfg, comm.size())
         return PipelineStage(cfg, model, device)
     return DataParallel(model, device)
-
-
-def describe_device(device: torch.device) -> str:
-    """``"cpu"``, or the GPU with the paths its transfers take."""
-    if device.type != "cuda":
-        return str(device)
-    t = comm.transfers()
-    return f"{device} (p2p: {t.p2p}; allreduce: {t.allreduce})"
-
-
-def run_facts(device: torch.device) -> dict[str, Any]:
-    """This rank's device and transfer paths, for the run's summary."""
-    return {"device": str(device), "transfers": comm.transfers().as_dict()}

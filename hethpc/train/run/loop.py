@@ -197,7 +197,7 @@ def run_training(
     bsp_guard = policy.keeps_replicas_equal and not engine.saves_own_state
     guard = AveragedGradientGuard(run.optimizer) if bsp_guard else None
     if bsp_guard and cfg.inner_steps != "speed":
-        engine.zero_in_place = True  # type: ignore[union-attr]
+        engine.zero_in_place = True
     bar = (
         Progress(total, start, every_s=cfg.progress_every_s, log=say)
         if cfg.progress and rank == 0

@@ -9,7 +9,7 @@ import torch
 
 from hethpc import comm
 from hethpc.train.keep.rundir import RunDirError, claim, next_run_dir
-from hethpc.train.parts.engine import check_pipeline_config
+from hethpc.train.parts.pipeline_stage import check_pipeline_config
 from hethpc.train.settings.compare import check_same_config
 from hethpc.train.settings.config import TrainConfig
 

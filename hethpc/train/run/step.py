@@ -19,14 +19,10 @@ from hethpc.train.report.metrics import MetricsWriter
 from hethpc.train.report.progress import Progress
 from hethpc.train.report.tally import Tally
 from hethpc.train.run.shares import gradient_weight, inner_step_sizes
+from hethpc.train.run.synchronise import synchronise
 from hethpc.train.settings.config import TrainConfig
 from hethpc.train.watch.faults import Fault, apply_faults
-from hethpc.train.watch.guards import (
-    AveragedGradientGuard,
-    local_nonfinite,
-    nonfinite_ranks,
-    poison_if_nonfinite_,
-)
+from hethpc.train.watch.guards import AveragedGradientGuard, local_nonfinite
 from hethpc.train.watch.watchdog import Watchdog
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -136,7 +132,10 @@ class TrainStep:
         compute_s = engine.step_time(controller.timer_stop(tc))
         dog.kick(step, "sync")
         link_before = comm.link_stats() if cfg.link else None
-        bad, record = self._synchronise(loss, weight, compute_s)
+        bad, record = synchronise(
+            policy, run.module, optimizer, loss=loss, weight=weight, compute_s=compute_s,
+            guard=self.guard,
+        )  # fmt: skip
         is_synced, sync_s = self._settle(step, bad, record, loss)
         if lrs is not None:  # the scheduler's own rates again, before it steps
             for g, lr in zip(optimizer.param_groups, lrs, strict=True):
@@ -202,44 +201,6 @@ class TrainStep:
         if run.injector is not None:
             x, y = run.injector.exchange(x, y, step)
         return x, y
-
-    def _synchronise(
-        self, loss: torch.Tensor | None, weight: float, compute_s: float
-    ) -> tuple[list[int], SyncRecord | None]:
-        """Let the policy step, or skip on every rank alike; the non-finite ranks, the record."""
-        module, optimizer, policy, params = (
-            self.run.module, self.run.optimizer, self.run.policy, self.params
-        )  # fmt: skip
-        bad: list[int] = []
-        record: SyncRecord | None = None
-        if self.guard is not None:
-            assert loss is not None
-            # BSP: a NaN/Inf travels in the gradient allreduce and the guard skips the
-            # update on every rank alike; ranks are named (a vote) only when it trips.
-            poison_if_nonfinite_(loss, [p.grad for p in params])
-            record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
-            if self.guard.tripped:  # name the ranks by their loss (no pass over gradients
-                # on every step); a NaN gradient under a finite loss names them all
-                bad = nonfinite_ranks(not bool(torch.isfinite(loss))) or list(range(self.size))
-            return bad, record
-        here = loss if loss is not None else 0.0
-        mine_bad = local_nonfinite(here, (p.grad for p in params))
-        if policy.asynchronous:  # no vote: each rank skips its own bad steps
-            bad = [self.rank] if mine_bad else []
-            if bad:
-                policy.skip(module)
-            else:
-                record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
-        elif policy.group is None:  # the world agrees inside the policy's vote
-            record = policy.step(
-                module, optimizer, weight=weight, compute_s=compute_s, finite=not mine_bad
-            )
-            bad = list(record.nonfinite)
-        else:  # pipeline stages: every stage of every replica skips alike
-            bad = nonfinite_ranks(mine_bad)
-            if not bad:
-                record = policy.step(module, optimizer, weight=weight, compute_s=compute_s)
-        return bad, record
 
     def _settle(
         self, step: int, bad: list[int], record: SyncRecord | None, loss: torch.Tensor | None
