@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from hethpc.cli import train as train_job
-from hethpc.cli.parser import flag_hint
+from hethpc.cli.parser import command_name, flag_hint
 from hethpc.train import ConfigError, TrainConfig, config_tables, load_toml
 from hethpc.train.parts.capabilities import make_controller
 from hethpc.train.settings.compare import resume_differences
@@ -263,3 +264,19 @@ def test_weights_must_match_the_data_parallel_ranks() -> None:
     cfg = TrainConfig(batch_size=128, batching="static", weights="1,2")
     with pytest.raises(ConfigError, match=r"gives 2 weight\(s\), but 1 data-parallel rank"):
         make_controller(cfg)  # one process: one rank
+
+
+@pytest.mark.parametrize(
+    ("argv0", "name"),
+    [
+        ("jobs/train.py", "jobs/train.py"),  # python jobs/train.py: as typed
+        ("/opt/venv/bin/hethpc-train", "hethpc-train"),  # the console script
+        ("../hethpc/jobs/train.py", "train.py"),  # a path out of here: its file name
+    ],
+)
+def test_messages_name_the_command_as_the_user_ran_it(
+    monkeypatch: pytest.MonkeyPatch, argv0: str, name: str
+) -> None:
+    monkeypatch.setattr(sys, "argv", [argv0, "--epochs", "1"])
+    assert command_name(None, "default") == name
+    assert command_name(["--epochs", "1"], "default") == "default"  # called with an argv

@@ -57,10 +57,12 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
 def command_name(argv: list[str] | None, default: str) -> str:
     """The name the user ran the program by, for its messages (``hethpc-convert: error: ...``).
 
-    ``sys.argv[0]``'s file name when the program reads its command line from ``sys.argv``
-    (``argv`` is None): ``hethpc-convert`` for the console script, ``convert.py`` for
-    ``python data_tools/convert.py``; ``default`` when it is called with an ``argv``.
+    When the program reads its command line from ``sys.argv`` (``argv`` is None): a relative
+    path as typed (``jobs/train.py`` for ``python jobs/train.py``), else the file's name
+    (``hethpc-train`` for the console script, whose path the shell made absolute); ``default``
+    when it is called with an ``argv``.
     """
     if argv is None and sys.argv and sys.argv[0] not in ("", "-c"):
-        return Path(sys.argv[0]).name
+        typed = Path(sys.argv[0])
+        return str(typed) if not typed.is_absolute() and ".." not in typed.parts else typed.name
     return default

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hethpc.cli.parser import ArgumentParser  # noqa: E402
+from hethpc.cli.parser import ArgumentParser, command_name  # noqa: E402
 from hethpc.train import format_summary, read_metrics, time_to_target  # noqa: E402
 
 
@@ -390,7 +390,7 @@ def default_out(runs: list[Path]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="jobs/report.py",
+        prog=command_name(argv, "jobs/report.py"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from hethpc.cli.parser import ArgumentParser
+from hethpc.cli.parser import ArgumentParser, command_name
 from hethpc.testbed import SpecError, Testbed, TestbedError, load_nodes, running
 from hethpc.testbed.spec import parse_flag
 
@@ -55,7 +55,7 @@ def _print_status(bed: Testbed) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
-        prog="hethpc-testbed", description=__doc__.split("\n\n")[0],
+        prog=command_name(argv, "hethpc-testbed"), description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Node keys: cpu (cores, e.g. 0.5; 'none'), link (e.g. 200mbit, 1gbit; 'none'), "
         "slots (ranks mpirun places there, default 1).",

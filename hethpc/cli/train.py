@@ -27,7 +27,7 @@ import torch
 
 import hethpc
 from hethpc import comm
-from hethpc.cli.parser import ArgumentParser, flag_hint
+from hethpc.cli.parser import ArgumentParser, command_name, flag_hint
 from hethpc.train import (
     ConfigError,
     Fault,
@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C or SIGTERM ends it with exit code 130 or 143 and, from rank 0, one line: the step
     reached, the checkpoint kept and the command that resumes the run.
     """
+    global PROG
+    PROG = command_name(argv, "jobs/train.py")
     comm.abort_on_exception()
     warnings.showwarning = _show_warning
     signal.signal(signal.SIGTERM, _interrupt)
