@@ -37,12 +37,12 @@ def test_parse_compression(text: str, cls: type[Codec]) -> None:
     codec = parse_compression(text)
     assert type(codec) is cls
     assert codec.spec() == cls.name
-    assert list(COMPRESSIONS) == ["none", "fp16", "bf16", "powersgd"]
+    assert list(COMPRESSIONS) == ["none", "fp16", "bf16", "int8", "powersgd"]
 
 
-@pytest.mark.parametrize("text", ["int4", "", "fp8", "power"])
+@pytest.mark.parametrize("text", ["int4", "", "fp8", "power", "int16"])
 def test_unknown_compression_is_refused_listing_the_choices(text: str) -> None:
-    with pytest.raises(ValueError, match=r"is unknown; choose none, fp16, bf16 or powersgd"):
+    with pytest.raises(ValueError, match=r"is unknown; choose none, fp16, bf16, int8 or powersgd"):
         parse_compression(text)
 
 

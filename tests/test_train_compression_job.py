@@ -71,8 +71,9 @@ def _equal(a: object, b: object, where: str) -> None:
     [
         (("--sync", "bsp", "--compression", "powersgd:2"), "codec"),
         (("--sync", "fedavg", "--fedavg-period", "4", "--compression", "fp16"), "reference"),
+        (("--sync", "fedavg", "--fedavg-period", "4", "--compression", "int8"), "codec"),
     ],
-    ids=["bsp-powersgd", "fedavg-fp16"],
+    ids=["bsp-powersgd", "fedavg-fp16", "fedavg-int8"],
 )
 def test_a_killed_compressed_run_resumes_bit_identically(
     tmp_path: Path, flags: tuple[str, ...], carried: str

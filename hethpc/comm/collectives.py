@@ -60,11 +60,14 @@ def _needs_staging(tensors: Sequence[torch.Tensor]) -> bool:
     return True
 
 
+_NOT_HOROVOD = (torch.bfloat16, torch.int8)
+
+
 def _horovod(tensors: Sequence[torch.Tensor]) -> Any:
     """horovod.torch when it carries these tensors; None when mpi4py does (transport "mpi",
-    or a bfloat16 tensor, which Horovod refuses)."""
+    or a bfloat16 or int8 tensor, which Horovod's torch API refuses)."""
     hvd = state().hvd
-    if hvd is None or any(t.dtype == torch.bfloat16 for t in tensors):
+    if hvd is None or any(t.dtype in _NOT_HOROVOD for t in tensors):
         return None
     return hvd
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from hethpc.sync.compression import Bf16, Codec, Fp16
+from hethpc.sync.int8 import Int8
 from hethpc.sync.powersgd import DEFAULT_RANK, PowerSGD
 
 # The codecs by name: the choices of the ``compression`` setting, in this order.
-COMPRESSIONS: dict[str, type[Codec]] = {c.name: c for c in (Codec, Fp16, Bf16, PowerSGD)}
-SYNTAX = "none, fp16, bf16 or powersgd[:RANK]"
+COMPRESSIONS: dict[str, type[Codec]] = {c.name: c for c in (Codec, Fp16, Bf16, Int8, PowerSGD)}
+SYNTAX = "none, fp16, bf16, int8 or powersgd[:RANK]"
 
 
 def parse_compression(text: str) -> Codec:
-    """The codec a ``compression`` setting names: ``none``, ``fp16``, ``bf16`` or
+    """The codec a ``compression`` setting names: ``none``, ``fp16``, ``bf16``, ``int8`` or
     ``powersgd[:RANK]`` (rank 4 when left out).
 
     Raises:

@@ -17,6 +17,7 @@ from hethpc import comm
 from hethpc.comm import Group, Pending, ReduceOp, transfer_buffer
 from hethpc.sync.agreement import group_size
 from hethpc.sync.compression import Codec
+from hethpc.sync.int8 import Int8, chunk_absmax, dequantize, levels, quantize
 
 # Flat and wire buffers by collective name, dtype and device, reused from call to call.
 _buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
@@ -94,6 +95,9 @@ def allreduce_flat_(
     codec.tally.add(flat.numel() * flat.element_size(), nbytes)
     if group_size(group) == 1:
         return nbytes
+    if isinstance(codec, Int8) and flat.dtype.is_floating_point:
+        _int8_sum_(flat, op, codec, group=group, name=name)
+        return nbytes
     dtype = codec.wire_dtype(flat.dtype)
     wire = None
     if dtype != flat.dtype:
@@ -102,6 +106,25 @@ def allreduce_flat_(
     comm.allreduce_(sent, op, group=group, name=name)
     codec.decompress(sent, flat)
     return nbytes
+
+
+@torch.no_grad()
+def _int8_sum_(
+    flat: torch.Tensor, op: ReduceOp, codec: Int8, *, group: Group | None, name: str
+) -> None:
+    """The sum (or average) of ``flat`` over the ranks as int8 integers of shared per-chunk
+    scales, with error feedback under ``name`` (:mod:`~hethpc.sync.int8`); two allreduces."""
+    n = group_size(group)
+    level = levels(n)
+    sent = codec.feed_back(name, flat)
+    scales = chunk_absmax(sent, codec.chunk)
+    comm.allreduce_(scales, ReduceOp.MAX, group=group, name=f"{name}.scales")
+    q = quantize(sent, scales, level, codec.chunk)
+    codec.keep_error(name, sent, q, scales, level)
+    comm.allreduce_(q, ReduceOp.SUM, group=group, name=name)
+    dequantize(q, scales, level, flat, codec.chunk)
+    if op == ReduceOp.AVERAGE:
+        flat.div_(n)
 
 
 @torch.no_grad()

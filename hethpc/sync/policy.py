@@ -100,7 +100,7 @@ class SyncPolicy(abc.ABC):
     separate_weight_check: ClassVar[bool] = False
     exchange: ClassVar[str] = "averages parameters"
     # The compressions (names in hethpc.sync.codecs.COMPRESSIONS) it can send with.
-    compressions: ClassVar[tuple[str, ...]] = ("none", "fp16", "bf16")
+    compressions: ClassVar[tuple[str, ...]] = ("none", "fp16", "bf16", "int8")
 
     def __init__(
         self,

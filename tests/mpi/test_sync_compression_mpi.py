@@ -18,6 +18,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.sync import BSP, FedAvg, SelSync, SyncError, SyncPolicy
 from hethpc.sync.compression import cast_error_bound
+from hethpc.sync.int8 import CHUNK, chunk_absmax, levels
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.train import ConfigError, TrainConfig
 from hethpc.train.settings.compare import check_same_config
@@ -186,6 +187,39 @@ def test_compressed_parameter_averages_are_within_the_bound(
         largest = max(largest, _within(p.detach(), want, bound, f"parameter {i}"))
     if n > 1:
         assert largest > 1e-9
+
+
+@pytest.mark.parametrize("policy_name", ["fedavg", "selsync", "diloco"])
+def test_int8_parameter_averages_err_by_at_most_half_a_level_per_rank(
+    world: tuple[int, int], policy_name: str
+) -> None:
+    """Each rank's weighted change rounds to a level of its chunk's shared scale (the largest
+    magnitude on any rank), ``scale / (127 // N)``: the sum errs by at most N half levels. The
+    integers sum exactly, so every replica gets the same parameters."""
+    _, n = world
+    policy: SyncPolicy = {
+        "fedavg": lambda: FedAvg(period=1, compression="int8"),
+        "selsync": lambda: SelSync(threshold=0.0, compression="int8"),
+        "diloco": lambda: FedAvg(
+            period=1, outer=OuterOptimizer("sgd", lr=1.0, momentum=0.0), compression="int8"
+        ),  # the outer step at lr 1 without momentum takes the average as it is
+    }[policy_name]()
+    model, start, moves, weights = _averaged(world, policy, first=policy_name != "diloco")
+    parts = torch.stack([
+        torch.cat([(w * m[i]).flatten() for i in range(len(m))])
+        for w, m in zip(weights, moves, strict=True)
+    ])  # fmt: skip
+    level = levels(n)
+    scales = chunk_absmax(parts.abs().amax(0))
+    half = n * scales.repeat_interleave(CHUNK)[: parts.shape[1]].double() / level / 2
+    want = torch.cat([p.flatten() for p in start]).double() + parts.double().sum(0)
+    got = torch.cat([p.detach().flatten() for p in model.parameters()])
+    largest = _within(got, want, half, f"{policy_name} parameters")
+    if n > 1:
+        assert largest > 1e-9
+        assert policy.summary().compression_ratio > (1.5 if policy_name != "diloco" else 3.5)
+    every = comm.allgather_array(got.numpy().astype(np.float64))
+    assert np.array_equal(every, np.broadcast_to(every[0], every.shape))
 
 
 def test_diloco_pseudo_gradients_compressed_move_the_outer_step_within_the_bound(

@@ -221,6 +221,9 @@ class TrainConfig:
         "what the sync policy sends, compressed: none, fp16 or bf16 (16-bit floats: half the "
         "bytes of every gradient, parameter and optimizer-state average; gradients weighted by "
         "b_k / B before compressing, parameters sent as their change since the last average), "
+        "int8 (every policy but bsp and ssp: a byte per value of a per-chunk scale the ranks "
+        "share, with error feedback; a quarter of the bytes of parameter averages and "
+        "pseudo-gradients; optimizer states travel as bf16), "
         "or powersgd[:RANK] (sync bsp without overlap: rank-RANK factors of each matrix-shaped "
         "gradient with error feedback, rank 4 if not given, after 10 plain steps). Worth it where "
         "the link, not compute, bounds a step (docs/sync.md#compression)",
