@@ -41,7 +41,7 @@ def test_parse_powersgd(text: str, rank: int) -> None:
         ("powersgd:-2", "must be an integer >= 1"),
         ("powersgd:two", "must be an integer >= 1"),
         ("fp16:2", "fp16 takes no ':'"),
-        ("powerSGD4", "is unknown; choose none, fp16, bf16 or powersgd"),
+        ("powerSGD4", "is unknown; choose none, fp16, bf16, int8 or powersgd"),
     ],
 )
 def test_bad_powersgd_settings_get_one_message(text: str, match: str) -> None:

@@ -12,7 +12,7 @@ from hethpc.sync.agreement import check_weight
 from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.errors import SyncError
 from hethpc.sync.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
-from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
 from hethpc.sync.powersgd import PowerSGD
 
 
@@ -88,14 +88,8 @@ class BSP(SyncPolicy):
         self._prescaled = (weight,)
         return 1.0 / n if weight is None else float(weight)
 
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
+    def _step(self, s: StepInput) -> Outcome:
+        model, optimizer, weight = s.model, s.optimizer, s.weight
         t0 = time.perf_counter()
         if self._buckets is not None and self._buckets.armed:
             self._buckets.finish()  # most buckets are already summed

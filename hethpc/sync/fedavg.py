@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
 
 
 class FedAvg(SyncPolicy):
@@ -31,14 +29,8 @@ class FedAvg(SyncPolicy):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.period = int(period)
 
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
+    def _step(self, s: StepInput) -> Outcome:
+        model, optimizer, weight = s.model, s.optimizer, s.weight
         optimizer.step()
         if (self.steps + 1) % self.period != 0:
             return Outcome(synced=False)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
 
 
 class LocalOnly(SyncPolicy):
@@ -19,14 +17,8 @@ class LocalOnly(SyncPolicy):
     averages_while_training = False  # its one average is at finish(): no optimizer state
     accepts_inner_steps = True
 
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
+    def _step(self, s: StepInput) -> Outcome:
+        optimizer = s.optimizer
         # No collective here: the weights are checked, on every rank, when finish() averages.
         optimizer.step()
         return Outcome(synced=False)

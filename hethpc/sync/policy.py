@@ -30,6 +30,17 @@ from hethpc.sync.traits import Traits
 
 
 @dataclass(frozen=True)
+class StepInput:
+    """What a policy's :meth:`SyncPolicy._step` works on: the replica with this step's local
+    gradients, its optimizer, the local gradient norm and this rank's weight (None: equal)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    norm: float
+    weight: float | None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What a policy's :meth:`SyncPolicy._step` did (the base class adds the bookkeeping)."""
 
@@ -229,7 +240,7 @@ class SyncPolicy(abc.ABC):
         if self.drift is not None:
             self.drift.apply([p.data for p in model.parameters()])
         self.settle()  # the last average's optimizer state, before this step's update
-        out = self._step(model, optimizer, norm=norm, weight=weight)
+        out = self._step(StepInput(model, optimizer, norm, weight))
         if out.model_averaged:
             self._diverged = False
         elif not out.synced:
@@ -268,15 +279,8 @@ class SyncPolicy(abc.ABC):
         return agree_step(False, None, finite=finite, group=self.group)
 
     @abc.abstractmethod
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
-        """Communicate as the policy says and call ``optimizer.step()`` exactly once."""
+    def _step(self, s: StepInput) -> Outcome:
+        """Communicate as the policy says and call ``s.optimizer.step()`` exactly once."""
 
     def _agree_unanimous(self, weight: float | None) -> int:
         """The agreement of a step on which every rank votes yes; returns the votes.

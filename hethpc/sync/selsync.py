@@ -6,15 +6,13 @@ import time
 from dataclasses import replace
 from typing import Any, Literal
 
-import torch
-
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree_step
 from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.compression import Codec
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.outer import OuterOptimizer
-from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
 from hethpc.sync.significance import (
     DEFAULT_CRITERION,
     NORM_KINDS,
@@ -164,14 +162,8 @@ class SelSync(SyncPolicy):
         self._pending = (sig, out.votes, time.perf_counter() - t0)
         return out
 
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
+    def _step(self, s: StepInput) -> Outcome:
+        model, optimizer, weight = s.model, s.optimizer, s.weight
         assert self._pending is not None  # step() runs _decide first
         sig, votes, seconds = self._pending
         # Every rank counts the same local steps, so ``stale`` is the same everywhere.

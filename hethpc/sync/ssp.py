@@ -25,7 +25,7 @@ import torch
 
 from hethpc.comm.rma import SharedState
 from hethpc.sync.averaging import average_buffers_
-from hethpc.sync.policy import Outcome, SyncPolicy
+from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
 
 CLOCK, READS = 0, 1  # the counters of each rank: updates added, versions read
 # Waiting for slower ranks polls their clocks, backing off from the first to the last delay.
@@ -139,14 +139,8 @@ class SSP(SyncPolicy):
         _load_flat_(model, self._buf)
         return time.perf_counter() - t0
 
-    def _step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        norm: float,
-        weight: float | None,
-    ) -> Outcome:
+    def _step(self, s: StepInput) -> Outcome:
+        model, optimizer, weight = s.model, s.optimizer, s.weight
         self.prepare(model)
         before = _flat(model)
         optimizer.step()
@@ -203,4 +197,3 @@ class SSP(SyncPolicy):
         super().load_state_dict(state)
         self._clock = int(state["clock"])
         self.max_clock_gap = int(state["max_clock_gap"])
-
