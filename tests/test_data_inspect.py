@@ -70,10 +70,7 @@ def test_defaults_match_train_py() -> None:
     args = inspect_dataset.parse_args(["d"])
     got = (args.partition, args.labels_per_rank, args.dirichlet_alpha, args.allow_uncovered)
     assert got == (None, 2, 0.5, False)
-    assert inspect_dataset.PARTITIONS == {
-        "iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet",
-        "site": "site",
-    }
+    assert inspect_dataset.PARTITIONS == ("iid", "seldp", "labels", "dirichlet", "site")
 
 
 # (id, argv, text after "inspect_dataset.py: error: "); {d} is the dataset, {t} its parent.

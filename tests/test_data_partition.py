@@ -103,7 +103,7 @@ def test_label_skew_refuses_classes_on_no_rank(k: int, n: int, classes: str, fix
     with pytest.raises(PartitionError, match=match):
         LabelSkewPartitioner(labels_per_rank=k).all_indices(LABELS, n, 0)
     with pytest.raises(PartitionError, match=match):
-        make_partitioner("label_skew", labels_per_rank=k).indices(LABELS, n, 0, 0)
+        make_partitioner("labels", labels_per_rank=k).indices(LABELS, n, 0, 0)
     # The k it names is the smallest that covers every class.
     LabelSkewPartitioner(labels_per_rank=fix).all_indices(LABELS, n, 0)
     if fix > 1:
@@ -115,7 +115,7 @@ def test_label_skew_refuses_classes_on_no_rank(k: int, n: int, classes: str, fix
 def test_label_skew_allow_uncovered_leaves_them_out(k: int, n: int, classes: str, fix: int) -> None:
     held_labels = set(range(n * k))
     for part in (LabelSkewPartitioner(labels_per_rank=k, allow_uncovered=True),
-                 make_partitioner("label_skew", labels_per_rank=k, allow_uncovered=True)):
+                 make_partitioner("labels", labels_per_rank=k, allow_uncovered=True)):
         held = np.concatenate(part.all_indices(LABELS, n, 0))
         assert set(LABELS[held].tolist()) == held_labels
         assert len(held) == len(np.unique(held)) == int(np.isin(LABELS, list(held_labels)).sum())
@@ -177,9 +177,20 @@ def test_bad_input(name: str, call: object, match: str) -> None:
 
 
 def test_make_partitioner_by_name() -> None:
-    p = make_partitioner("label-skew", labels_per_rank=2)
+    p = make_partitioner("labels", labels_per_rank=2)
     assert isinstance(p, LabelSkewPartitioner) and p.labels_per_rank == 2
     assert p.allow_uncovered is False
-    p = make_partitioner("label_skew", labels_per_rank=2, allow_uncovered=True)
+    p = make_partitioner("labels", labels_per_rank=2, allow_uncovered=True)
     assert isinstance(p, LabelSkewPartitioner) and p.allow_uncovered is True
     assert isinstance(make_partitioner("dirichlet", alpha=0.3, min_size=1), DirichletPartitioner)
+    with pytest.raises(PartitionError, match=r"unknown partitioner 'label_skew'; choose one of"):
+        make_partitioner("label_skew")  # the setting's name, "labels", is the one name
+
+
+def test_the_partitioners_are_named_as_the_partition_setting_and_the_inspector_name_them() -> None:
+    from hethpc.cli.inspect_dataset import PARTITIONS
+    from hethpc.data.partition import PARTITIONERS
+    from hethpc.train import TrainConfig
+
+    choices = TrainConfig.__dataclass_fields__["partition"].metadata["choices"]
+    assert tuple(PARTITIONERS) == PARTITIONS == tuple(choices)

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
 # The name the user ran the program by (hethpc-inspect or inspect_dataset.py), set by main().
 PROG = "inspect_dataset.py"
-#: ``--partition`` choices (jobs/train.py's names) -> hethpc partitioner names.
-PARTITIONS = {"iid": "iid", "seldp": "seldp", "labels": "label_skew", "dirichlet": "dirichlet",
-              "site": "site"}
+#: ``--partition`` choices: hethpc.data.PARTITIONERS' names, the job's ``partition`` setting
+#: (written out, so that --help answers without importing torch; a test compares them).
+PARTITIONS = ("iid", "seldp", "labels", "dirichlet", "site")
 #: Flags of earlier versions, and what replaced them.
 RENAMED = {"--partitioner": "--partition", "--alpha": "--dirichlet-alpha"}
 
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("path", help="dataset directory (holds manifest.json)")
     ap.add_argument("--verify", action="store_true",
                     help="check every shard's sha256, size, shapes and labels against the manifest")
-    ap.add_argument("--partition", default=None, choices=list(PARTITIONS),
+    ap.add_argument("--partition", default=None, choices=PARTITIONS,
                     help="also show the label histogram per rank of this partition "
                          "(as jobs/train.py --partition; site: whole sites per rank, for data "
                          "with sites)")
@@ -149,7 +149,7 @@ def _partition(args: argparse.Namespace, ds: ShardedDataset) -> list[np.ndarray]
         kw = {"alpha": args.dirichlet_alpha, "min_size": args.min_size}
     elif args.partition == "site":
         kw = {"sites": None if m.sites is None else ds.sites, "names": m.sites}
-    part = make_partitioner(PARTITIONS[args.partition], **kw)
+    part = make_partitioner(args.partition, **kw)
     return part.all_indices(ds.labels, args.world_size, args.seed)
 
 

@@ -15,26 +15,27 @@ from hethpc.data.partition.site import SitePartitioner
 PARTITIONERS: dict[str, type[Partitioner]] = {
     "iid": IIDPartitioner,
     "seldp": SelDPPartitioner,
-    "label_skew": LabelSkewPartitioner,
+    "labels": LabelSkewPartitioner,
     "dirichlet": DirichletPartitioner,
     "site": SitePartitioner,
 }
 
 
 def make_partitioner(name: str, **kwargs: Any) -> Partitioner:
-    """Build a partitioner by name (``iid``, ``seldp``, ``label_skew``, ``dirichlet``, ``site``).
+    """Build a partitioner by name (``iid``, ``seldp``, ``labels``, ``dirichlet``, ``site``: the
+    ``partition`` setting's names).
 
     Args:
-        name: a key of :data:`PARTITIONERS`; ``-`` may stand for ``_`` (``label-skew``).
+        name: a key of :data:`PARTITIONERS`.
         **kwargs: the partitioner's keyword settings, passed through unchanged, e.g.
-            ``labels_per_rank``, ``num_classes`` and ``allow_uncovered`` for ``label_skew``,
+            ``labels_per_rank``, ``num_classes`` and ``allow_uncovered`` for ``labels``,
             ``alpha`` and ``min_size`` for ``dirichlet``, ``sites`` (every sample's site
             index) and ``names`` for ``site``.
 
     Raises:
         PartitionError: unknown name, or settings the partitioner does not take.
     """
-    cls = PARTITIONERS.get(name.replace("-", "_"))
+    cls = PARTITIONERS.get(name)
     if cls is None:
         raise PartitionError(f"unknown partitioner {name!r}; choose one of {sorted(PARTITIONERS)}")
     try:

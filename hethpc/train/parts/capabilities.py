@@ -73,8 +73,8 @@ def make_loader(
         else site_settings(cfg, train) if cfg.partition == "site"
         else {"alpha": cfg.dirichlet_alpha}
     )  # fmt: skip
-    name = "label_skew" if cfg.partition == "labels" else cfg.partition
-    idx = make_partitioner(name, **kw).indices(labels_of(train), world_size, rank, cfg.seed)
+    partitioner = make_partitioner(cfg.partition, **kw)
+    idx = partitioner.indices(labels_of(train), world_size, rank, cfg.seed)
     if keep is not None:
         idx = idx[np.isin(idx, keep)]
     return Loader(
