@@ -50,9 +50,9 @@ import numpy as np
 import torch
 
 from hethpc.data import DatasetError, Loader, ShardedDataset, open_dataset, write_dataset
-from hethpc.data.order import block_shuffle
+from hethpc.data.shards.order import block_shuffle
+from hethpc.data.shards.verify import sha256_file
 from hethpc.data.sources import synthetic_pieces
-from hethpc.data.verify import sha256_file
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -26,7 +26,7 @@ from bench_loader import ensure_dataset, shard_files, warm
 
 from hethpc import comm
 from hethpc.data import open_dataset
-from hethpc.data.shared import open_dataset_shared
+from hethpc.data.shards.shared import open_dataset_shared
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hethpc.data import DatasetError, DatasetWriter, ShardError, open_dataset, write_dataset
-from hethpc.data.verify import sha256_file
+from hethpc.data.shards.verify import sha256_file
 
 
 def _data(n: int = 500, shape: tuple[int, ...] = (6,), classes: int = 5) -> tuple[np.ndarray, ...]:

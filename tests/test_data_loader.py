@@ -18,8 +18,8 @@ from hethpc.data import (
     write_dataset,
 )
 from hethpc.data.loader import worth_prefetching
-from hethpc.data.order import block_shuffle, block_shuffle_windows, segment_bounds
 from hethpc.data.partition import IIDPartitioner
+from hethpc.data.shards.order import block_shuffle, block_shuffle_windows, segment_bounds
 
 N = 600
 

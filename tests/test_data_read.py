@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hethpc.data import DatasetError, ShardedDataset, ShardError, open_dataset, write_dataset
-from hethpc.data.shared import open_dataset_shared, split_shards
+from hethpc.data.shards.shared import open_dataset_shared, split_shards
 from hethpc.train.parts.build import data_root
 
 N, CHUNK, SHARD = 230, 8, 100  # shards of 100, 100, 30; each shard's last chunk is partial

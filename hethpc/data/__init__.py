@@ -13,8 +13,8 @@ from hethpc.data.injection import Injector
 from hethpc.data.loader import Loader
 from hethpc.data.mnist1d import load_mnist1d
 from hethpc.data.partition import make_partitioner
-from hethpc.data.sharded import ShardedDataset, open_dataset
-from hethpc.data.writer import write_dataset
+from hethpc.data.shards.sharded import ShardedDataset, open_dataset
+from hethpc.data.shards.writer import write_dataset
 
 __all__ = [
     "ArrayDataset",
@@ -33,5 +33,5 @@ __all__ = [
 ]
 
 # Not public: the commands (hethpc-convert, hethpc-inspect) import these from here.
-from hethpc.data.manifest import Manifest  # noqa: F401
-from hethpc.data.writer import DatasetWriter  # noqa: F401
+from hethpc.data.shards.manifest import Manifest  # noqa: F401
+from hethpc.data.shards.writer import DatasetWriter  # noqa: F401

@@ -12,8 +12,8 @@ import torch
 
 from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
-from hethpc.data.sharded import ShardedDataset
-from hethpc.data.shared import open_dataset_shared
+from hethpc.data.shards.sharded import ShardedDataset
+from hethpc.data.shards.shared import open_dataset_shared
 from hethpc.data.transform import task_of
 
 

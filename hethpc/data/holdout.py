@@ -7,7 +7,7 @@ import numpy as np
 from hethpc.data.adapt import in_memory
 from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import DatasetError
-from hethpc.data.sharded import ShardedDataset
+from hethpc.data.shards.sharded import ShardedDataset
 
 
 def holdout_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,9 +12,9 @@ import torch
 from hethpc.data.arrays import ArrayDataset
 from hethpc.data.errors import LoaderError
 from hethpc.data.prefetch import Prefetcher, running_mean, worth_prefetching
-from hethpc.data.shard_reads import ShardStreamReader
-from hethpc.data.sharded import ShardedDataset
-from hethpc.data.stream import SampleStream
+from hethpc.data.shards.reads import ShardStreamReader
+from hethpc.data.shards.sharded import ShardedDataset
+from hethpc.data.shards.stream import SampleStream
 from hethpc.data.transform import is_sequence, to_batch
 
 __all__ = ["MODES", "Batch", "Loader", "worth_prefetching"]
@@ -37,7 +37,7 @@ class Loader:
         ``partition``: the rank cycles through its own ``indices`` (from a partitioner), in a
             new seeded order each epoch, taking ``sizes[rank]`` samples per step.
 
-    Permutations are chunk-aware (:func:`~hethpc.data.order.block_shuffle`) for a
+    Permutations are chunk-aware (:func:`~hethpc.data.shards.order.block_shuffle`) for a
     :class:`ShardedDataset` and uniform for an in-memory :class:`ArrayDataset`. A sharded
     dataset whose reads are direct (:attr:`ShardedDataset.direct_reads`: verified shards,
     uncompressed) is read a batch at a time, gathered in stream order straight from the page

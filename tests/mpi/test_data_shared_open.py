@@ -9,8 +9,8 @@ import pytest
 
 from hethpc import comm
 from hethpc.data import DatasetError, ShardError, write_dataset
-from hethpc.data import verify as verify_module
-from hethpc.data.shared import open_dataset_shared
+from hethpc.data.shards import verify as verify_module
+from hethpc.data.shards.shared import open_dataset_shared
 
 
 def _shared_dir(factory: pytest.TempPathFactory, r: int) -> Path:

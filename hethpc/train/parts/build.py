@@ -13,9 +13,9 @@ from torch import nn
 from hethpc import comm
 from hethpc.data import ArrayDataset, DatasetError, ShardedDataset, load_mnist1d
 from hethpc.data.adapt import in_memory
-from hethpc.data.manifest import MANIFEST_NAME
-from hethpc.data.sharded import split_dirs
-from hethpc.data.shared import open_dataset_shared
+from hethpc.data.shards.manifest import MANIFEST_NAME
+from hethpc.data.shards.sharded import split_dirs
+from hethpc.data.shards.shared import open_dataset_shared
 from hethpc.data.transform import is_sequence, to_batch
 from hethpc.models import ModelError, build_model
 from hethpc.train.settings.config import ConfigError, TrainConfig

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from hethpc.data.errors import ShardError
-from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_path
+from hethpc.data.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_path
 
 SHARD_SUFFIXES = (".h5", ".hdf5")
 

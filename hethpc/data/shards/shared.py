@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from hethpc import comm
 from hethpc.comm import Group
 from hethpc.data.errors import DatasetError, ShardError
-from hethpc.data.sharded import ShardedDataset, open_dataset
-from hethpc.data.verify import hash_problems
+from hethpc.data.shards.sharded import ShardedDataset, open_dataset
+from hethpc.data.shards.verify import hash_problems
 
 
 def split_shards(num_bytes: Sequence[int], world_size: int) -> list[list[int]]:

@@ -6,14 +6,14 @@ import threading
 
 import numpy as np
 
-from hethpc.data.order import block_shuffle_windows, rotate_chunks, segment_bounds
+from hethpc.data.shards.order import block_shuffle_windows, rotate_chunks, segment_bounds
 
 
 class SampleStream:
     """The epochs of a rank's samples laid end to end; position ``p`` is sample
     ``order(p // length)[0][p % length]``.
 
-    Each epoch's order is chunk-aware (:func:`~hethpc.data.order.block_shuffle_windows`),
+    Each epoch's order is chunk-aware (:func:`~hethpc.data.shards.order.block_shuffle_windows`),
     rotated by ``rank`` chunks of ``length / world_size`` for SelDP; built on first use and
     kept for the current and the previous epoch. Safe to use from a prefetch thread.
 

@@ -7,8 +7,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from hethpc.data.sharded import ShardedDataset
-from hethpc.data.stream import SampleStream
+from hethpc.data.shards.sharded import ShardedDataset
+from hethpc.data.shards.stream import SampleStream
 
 _KEPT_WINDOWS = 3  # shuffle windows kept read (current, next, spare)
 

@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 
 from hethpc.data.errors import DatasetError
-from hethpc.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from hethpc.data.verify import sha256_file
+from hethpc.data.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from hethpc.data.shards.verify import sha256_file
 
 COMPRESSIONS = (None, "gzip", "lzf")
 CHUNK_BYTES = 1 << 20  # default HDF5 chunk: about 1 MiB of samples

@@ -17,12 +17,12 @@ import h5py
 import numpy as np
 from h5py import h5z
 
-from hethpc.data.chunk_cache import ChunkCache
 from hethpc.data.errors import DatasetError, ShardError
-from hethpc.data.manifest import MANIFEST_NAME, Manifest, shard_path
-from hethpc.data.mapped import MappedShards
-from hethpc.data.shard_files import ShardFiles
-from hethpc.data.verify import (  # noqa: F401 (re-exported: their home before verify.py)
+from hethpc.data.shards.chunk_cache import ChunkCache
+from hethpc.data.shards.files import ShardFiles
+from hethpc.data.shards.manifest import MANIFEST_NAME, Manifest, shard_path
+from hethpc.data.shards.mapped import MappedShards
+from hethpc.data.shards.verify import (  # noqa: F401 (re-exported: their home before verify.py)
     SHARD_SUFFIXES,
     check_dataset,
     check_sites,
@@ -42,7 +42,7 @@ class ShardedDataset:
 
     Without ``chunk_checksums``, chunks stored uncompressed are read as raw bytes, skipping
     HDF5's filter pipeline and its per-chunk Fletcher32 test: the shard files are mapped
-    read-only side by side into one address range (:class:`~hethpc.data.mapped.FileRegion`),
+    read-only side by side into one address range (:class:`~hethpc.data.shards.mapped.FileRegion`),
     HDF5's chunk index gives each chunk's place in its file, and :meth:`read` and
     :meth:`read_window` gather the requested samples, in request order, straight from the page
     cache into the result: one copy of each byte, as ``numpy.memmap`` of a flat file, and no
@@ -371,7 +371,7 @@ def open_dataset(
     cache_bytes: int = 128 << 20,
     chunk_checksums: bool | None = None,
 ) -> ShardedDataset:
-    """Open a dataset directory written by :class:`~hethpc.data.writer.DatasetWriter`.
+    """Open a dataset directory written by :class:`~hethpc.data.shards.writer.DatasetWriter`.
 
     Always checked: the manifest, that shard names stay inside the directory, missing or extra
     shard files, file sizes (truncation), each shard's shapes, dtypes and label histogram.
