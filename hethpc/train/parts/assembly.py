@@ -17,6 +17,7 @@ from hethpc.data.balance import Rebalancer
 from hethpc.sync import SyncPolicy
 from hethpc.train.keep.state import Components
 from hethpc.train.parts.capabilities import (
+    make_caps,
     make_controller,
     make_injector,
     make_loader,
@@ -48,6 +49,7 @@ class RunParts:
         scheduler: the per-step learning-rate schedule.
         components: what a checkpoint saves and restores.
         clip: the gradient clipping in ``optimizer``'s steps (``clip_grad_norm``), or None.
+        caps: each replica's cap on the samples of one pass (``max_rank_batch``; None: none).
     """
 
     engine: Engine
@@ -64,6 +66,7 @@ class RunParts:
     scheduler: Any
     components: Components
     clip: GradientClip | None = None
+    caps: list[int | None] | None = None  # each replica's cap on one pass (max_rank_batch)
 
 
 def assemble(
@@ -112,6 +115,9 @@ def assemble(
             f"{len(train_set) if keep is None else len(keep)} samples; use a smaller batch"
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
+    caps = make_caps(
+        cfg, module, engine.device, train_set, replica=engine.replica, replicas=engine.replicas
+    )
     optimizer, scheduler = make_optimizer(cfg, module, total)
     clip = GradientClip(optimizer, cfg.clip_grad_norm) if cfg.clip_grad_norm > 0 else None
     components = Components(module, optimizer, scheduler, loader, controller, policy)
@@ -119,5 +125,5 @@ def assemble(
         engine=engine, module=module, loader=loader, partition_lengths=partition_lengths,
         controller=controller, policy=policy, injector=injector, rebalancer=rebalancer,
         steps_per_epoch=spe, total=total, optimizer=optimizer, scheduler=scheduler,
-        components=components, clip=clip,
+        components=components, clip=clip, caps=caps,
     )  # fmt: skip

@@ -15,10 +15,12 @@ from torch import nn
 from hethpc import comm
 from hethpc.batching import BatchController, ControlSettings
 from hethpc.batching.allocation import default_min_batch
+from hethpc.batching.memory_cap import caps_for, measure_cap, parse_max_rank_batch
 from hethpc.batching.slowdown import SlowdownSchedule
 from hethpc.comm import Group
 from hethpc.data import ArrayDataset, Injector, Loader, ShardedDataset, make_partitioner
 from hethpc.data.balance import Rebalancer
+from hethpc.data.transform import is_sequence, to_batch
 from hethpc.sync import SyncPolicy
 from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.factory import policy_class
@@ -197,3 +199,51 @@ def finish_policy(policy: SyncPolicy, model: nn.Module) -> None:
 def policy_summary(policy: SyncPolicy) -> dict[str, Any]:
     """The policy's summary (fraction synchronised, bytes against BSP) as a dict."""
     return {**policy.summary().as_dict(), **policy.summary_fields()}
+
+
+def make_caps(
+    cfg: TrainConfig,
+    model: nn.Module,
+    device: torch.device,
+    train: ArrayDataset | ShardedDataset,
+    *,
+    replica: int,
+    replicas: int,
+) -> list[int | None]:
+    """Every replica's cap on one pass (``max_rank_batch``; None: no cap), the same list on
+    every rank: given, or measured by each rank at start (``auto``, a collective that raises on
+    every rank when one rank cannot measure).
+
+    Raises:
+        ConfigError: a list of caps for another number of ranks, or ``auto`` without a known
+            memory limit or with not one sample fitting (naming the rank).
+    """
+    spec = parse_max_rank_batch(cfg.max_rank_batch)
+    if spec is None:
+        return [None] * replicas
+    if isinstance(spec, tuple):
+        try:
+            return list(caps_for(spec, replicas))
+        except ValueError as e:
+            raise ConfigError(str(e), key="max_rank_batch") from None
+    sequence = is_sequence(train)
+
+    def batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = min(n, len(train))
+        if isinstance(train, ArrayDataset):
+            x, y = train.x[:n], train.y[:n]
+        else:
+            x, y = train.read(np.arange(n))
+        return to_batch(np.asarray(x), np.asarray(y), sequence=sequence)
+
+    mine: int | None | str
+    try:
+        rows = max(2, min(32, cfg.batch_size // max(replicas, 1)))
+        mine = measure_cap(model, batch, device, rows=rows, limit_gb=cfg.memory_limit_gb)
+    except ValueError as e:
+        mine = f"rank {comm.rank()}: {e}"
+    every = comm.allgather_object(mine)  # every rank learns every cap, or every failure
+    failed = [m for m in every if isinstance(m, str)]
+    if failed:
+        raise ConfigError("; ".join(failed), key="max_rank_batch")
+    return [m for m in every if not isinstance(m, str)]  # data-parallel: a replica per rank

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hethpc.batching.memory_cap import describe_caps
+
 Row = tuple[str, str, Callable[[Any], str]]
 
 # The scores, as the summary names them: ``test_<metric>`` and, with a validation split,
@@ -29,6 +31,7 @@ ROWS: tuple[Row, ...] = (
     ("skipped_steps", "steps skipped (non-finite)", str),
     ("max_clock_gap", "largest lead over the slowest (ssp)", lambda v: f"{v} steps"),
     ("final_batch_sizes", "final batch sizes per rank", lambda v: " / ".join(map(str, v))),
+    ("max_rank_batch", "most samples per pass per rank", describe_caps),
     ("world_size", "ranks", str),
     ("pipeline_stages", "pipeline stages", str),
     ("replicas", "pipeline replicas", str),

@@ -70,6 +70,7 @@ def summarize(
         "first_loss": float(first_last[0]) if done else None,
         "final_loss": float(first_last[1]) if done else None,
         "final_batch_sizes": [int(s) for s in np.asarray(run.controller.batch_sizes)],
+        **({"max_rank_batch": run.caps} if any(c is not None for c in run.caps or ()) else {}),
         "world_size": size,
         "transport": comm.transport(),
         **(

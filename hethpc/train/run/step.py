@@ -11,6 +11,7 @@ import torch
 
 from hethpc import comm
 from hethpc.batching.busy import CpuShare
+from hethpc.batching.memory_cap import pieces
 from hethpc.sync.records import SyncRecord
 from hethpc.train.errors import NonFiniteError
 from hethpc.train.evaluation import accuracy
@@ -95,6 +96,7 @@ class TrainStep:
             partition_lengths=run.partition_lengths, rebalanced=run.rebalancer is not None,
         )  # fmt: skip
         x, y = self._batch(step, sizes)
+        cap = None if run.caps is None else run.caps[engine.replica]
         dog.kick(step, "compute")
         tc = time.perf_counter()
         self.cpu.begin_compute()  # from here, as compute_s: speed-sized local steps included
@@ -113,8 +115,9 @@ class TrainStep:
                 g["lr"] *= float(np.mean(splits)) * len(sizes) / big_b
             for lo, hi in zip(edges[:-2], edges[1:-1], strict=True):
                 inner, _ = engine.compute(
-                    x[lo:hi], y[lo:hi], self.loss_fn, poison, pieces=cfg.accumulate
-                )
+                    x[lo:hi], y[lo:hi], self.loss_fn, poison,
+                    pieces=pieces(int(hi - lo), cap, cfg.accumulate),
+                )  # fmt: skip
                 assert inner is not None
                 if not local_nonfinite(inner, (p.grad for p in self.params)):
                     optimizer.step()  # a bad local step is dropped on this rank alone
@@ -124,8 +127,9 @@ class TrainStep:
         # come out weighted and the average makes no pass over them to scale them
         scale = policy.loss_scale(weight) if engine.takes_loss_scale else 1.0
         # before_backward: BSP with overlap arms its buckets for the (last) backward pass
+        passes = pieces(len(y), cap, cfg.accumulate)
         loss, out = engine.compute(
-            x, y, self.loss_fn, poison, loss_scale=scale, pieces=cfg.accumulate,
+            x, y, self.loss_fn, poison, loss_scale=scale, pieces=passes,
             before_backward=lambda: policy.before_backward(run.module, weight=weight),
         )  # fmt: skip
         self.cpu.end_compute()
@@ -171,6 +175,7 @@ class TrainStep:
                 skipped=bool(bad),
                 lr=run.scheduler.get_last_lr()[0],
                 **({"local_steps": local_steps} if cfg.inner_steps == "speed" else {}),
+                **({"pieces": passes} if cap is not None else {}),
                 **({"grad_norm": run.clip.norm} if run.clip is not None else {}),
                 **({"batch_sizes": sizes.tolist()} if self.rank == 0 and self.size > 1 else {}),
                 **engine.step_fields(),

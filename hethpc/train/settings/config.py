@@ -151,6 +151,24 @@ class TrainConfig:
         "micro-batch alone); 1: one pass",
         operational=True,
     )
+    max_rank_batch: str = _f(
+        "none",
+        "the most samples a rank computes in one forward and backward pass (its memory's "
+        "limit): none; N for every rank; N1,N2,... one per rank; or auto (measured on each "
+        "rank at start: the bytes a pass keeps for backward per sample, against half the "
+        "memory left: a GPU's free memory, on a CPU the cgroup's limit or --memory-limit-gb). "
+        "A rank whose share of the global batch exceeds its cap computes it in micro-batches "
+        "of at most the cap, gradients summed as with --accumulate; the shares still follow "
+        "speed (docs/training-job.md)",
+        operational=True,
+    )
+    memory_limit_gb: float = _f(
+        0.0,
+        "with max_rank_batch auto on a CPU: the memory this rank may use, GB (0: the cgroup's "
+        "limit, an error when there is none)",
+        operational=True,
+        local=True,
+    )
     seed: int = _f(0, "seed of model initialisation, shuffling and per-rank random streams")
     # Synchronisation
     sync: str = _f("bsp", "synchronisation policy", choices=tuple(POLICIES))

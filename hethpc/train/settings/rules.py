@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from hethpc.batching.memory_cap import parse_max_rank_batch
 from hethpc.comm import LinkError, parse_link
 from hethpc.sync.codecs import parse_compression
 from hethpc.sync.factory import policy_class
@@ -249,6 +250,23 @@ def _check_optimisation(cfg: TrainConfig) -> None:
             f"than the whole batch_size = {cfg.batch_size} has samples; use accumulate "
             f"{cfg.batch_size} or less",
             key="accumulate",
+        )
+    try:
+        caps = parse_max_rank_batch(cfg.max_rank_batch)
+    except ValueError as e:
+        raise ConfigError(str(e), key="max_rank_batch") from None
+    if caps is not None and cfg.pipeline_stages > 1:
+        raise ConfigError(
+            f"max_rank_batch = {cfg.max_rank_batch!r} caps a data-parallel rank's pass; "
+            f"pipeline stages pass micro-batches already: with pipeline_stages > 1 raise "
+            f"micro_batches (now {cfg.micro_batches}) instead, and max_rank_batch none",
+            key="max_rank_batch",
+        )
+    if not (cfg.memory_limit_gb >= 0 and math.isfinite(cfg.memory_limit_gb)):
+        raise ConfigError(
+            f"memory_limit_gb must be 0 (the cgroup's limit) or a positive number of GB, got "
+            f"{cfg.memory_limit_gb}",
+            key="memory_limit_gb",
         )
     if cfg.accumulate > 1 and cfg.pipeline_stages > 1:
         raise ConfigError(
