@@ -200,14 +200,16 @@ def _check_train(
            "--device", device, "--batching", "dynamic", "--batch-interval", "4",
            "--samples", str(samples), "--epochs", "1", "--max-steps", str(steps),
            "--batch-size", "128", "--run-dir", str(run_dir), "--overwrite",
-           "--progress", "false", "--watchdog-s", "120"]  # fmt: skip
+           "--progress", "false", "--watchdog-s", "120",
+           # each rank's cap measured at start: GPU free memory, or 4 GB on a CPU
+           "--max-rank-batch", "auto", "--memory-limit-gb", "4"]  # fmt: skip
     rc, out = _run(cmd, timeout)
     summary_path = run_dir / "summary.json"
     if rc != 0 or not summary_path.is_file():
         return _failed(rc, out)
     s = json.loads(summary_path.read_text())
     keep = ("device", "transfers", "world_size", "steps", "samples_per_s", "first_loss",
-            "final_loss", "final_batch_sizes", "test_acc")  # fmt: skip
+            "final_loss", "final_batch_sizes", "max_rank_batch", "test_acc")  # fmt: skip
     res = {k: s.get(k) for k in keep}
     res["status"] = "ok" if s.get("steps") == steps and s.get("final_loss") is not None else (
         "failed: unexpected summary")

@@ -36,4 +36,5 @@ def test_device_check_on_cpu() -> None:
     assert res["allreduce"]["sum"] == 3.0 and res["allreduce"]["ranks"] == 2
     assert res["pipeline"]["same_loss"] and res["pipeline"]["same_gradients"]
     assert res["train"]["device"] == "cpu" and res["train"]["transfers"]["p2p"] == "host memory"
+    assert len(res["train"]["max_rank_batch"]) == 2  # each rank's cap, measured (auto)
     assert res["bench_pipeline"]["speedup"] > 0 and res["bench_pipeline"]["device"] == "cpu"
