@@ -32,8 +32,8 @@ demo-testbed: setup
 	$(PY) jobs/report.py runs/demo-testbed runs/demo-testbed-baseline
 
 ## The README's test command: single-process tests, then the distributed ones on 2 ranks with
-## the CPU's default tensor transport (mpi4py) and on 3 ranks through Horovod, then the
-## pipeline equivalence tests on 4 ranks (P = 2 x D = 2 and P = 4; oversubscribed).
+## the CPU's default tensor transport (mpi4py) and on 3 ranks through Horovod (the pipeline's on
+## 4 ranks run from tests/test_pipeline_mpirun.py).
 test: setup
 	$(MAKE) --no-print-directory test-single test-mpi
 
@@ -43,7 +43,6 @@ test-single:
 test-mpi:
 	$(MPIRUN) -np 2 $(PYTEST_MPI)
 	HETHPC_TEST_TRANSPORT=horovod $(MPIRUN) -np 3 $(PYTEST_MPI)
-	$(MPIRUN) -np 4 $(PYTEST_MPI)/test_pipeline_equivalence.py
 
 bench: setup
 	$(PY) benchmarks/run_all.py $(ARGS)

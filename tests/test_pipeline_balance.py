@@ -8,6 +8,7 @@ from torch import nn
 
 from hethpc.pipeline import BalanceError
 from hethpc.pipeline.balance import (
+    balance_chunks,
     balance_costs,
     partition_by_counts,
     partition_by_params,
@@ -243,3 +244,14 @@ def test_split_model_shares_layers_in_order() -> None:
 def test_split_model_rejects_a_bad_balance() -> None:
     with pytest.raises(BalanceError, match="covers 4 layers but the model has 5"):
         split_model(_model(), [2, 2])
+
+
+def test_a_chunk_on_a_slower_rank_gets_fewer_layers() -> None:
+    even = [1.0] * 8
+    assert balance_chunks([even, even]) == (4, 4)
+    assert balance_chunks([even, [2.0] * 8]) == (5, 3)  # stage 1 twice as slow: 5 vs 3 x 2
+    assert balance_chunks([[3.0] * 8, even]) == (2, 6)
+    # the first chunk's own costs (no input gradient) and the loss on the last still count
+    assert balance_chunks([even, even], first_costs=[0.5] * 8, last_extra=2.0) == (7, 1)
+    with pytest.raises(BalanceError, match=r"one cost per layer \(8\), got \[8, 7\]"):
+        balance_chunks([even, even[:7]])

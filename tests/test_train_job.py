@@ -351,13 +351,18 @@ def test_steps_that_stay_nonfinite_stop_the_job(cache: Path, tmp_path: Path) -> 
     assert "Traceback" not in out, out
 
 
-def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("balance", ["params", "time"])
+def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(
+    cache: Path, tmp_path: Path, balance: str
+) -> None:
     # P=2 stages on 2 ranks, SelSync's decisions over the stage groups, checkpoints every 10.
+    # Cut by time, the resumed run keeps the first run's cut (the stages' checkpoints need it).
     argv = [
         "--samples", "2000", "--batch-size", "32", "--model", "large", "--epochs", "1",
         "--max-steps", "40", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "4",
         "--cache-dir", str(cache), "--progress", "false", "--eval-every", "0",
         "--pipeline-stages", "2", "--checkpoint-every", "10", "--sync", "selsync",
+        "--pipeline-balance", balance,
     ]  # fmt: skip
     full, killed = tmp_path / "full", tmp_path / "killed"
     proc, _ = _launch([*argv, "--run-dir", str(full)], timeout=180)
@@ -365,19 +370,25 @@ def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(cache: Path, tmp_p
     proc, _ = _launch([*argv, "--run-dir", str(killed), "--fault", "0:25:kill"], timeout=180)
     assert proc.returncode != 0
     assert CheckpointManager(killed / "checkpoints").steps() == [10, 20]
+    cut = json.loads((killed / "pipeline_cut.json").read_text())
+    assert cut["by"] == balance and len(cut["balance"]) == 2
     proc, _ = _launch([*argv, "--run-dir", str(killed), "--resume"], timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "resumed from step 20" in out, out
     want = CheckpointManager(full / "checkpoints").load_latest()[1]  # type: ignore[index]
     got = CheckpointManager(killed / "checkpoints").load_latest()[1]  # type: ignore[index]
     assert want["step"] == got["step"] == 40
-    for r in (0, 1):  # each rank's own stage, bit for bit
+    # whatever the timing at the resume, it took the first cut (the checkpoints hold its stages)
+    assert json.loads((killed / "pipeline_cut.json").read_text()) == cut
+    full_cut = json.loads((full / "pipeline_cut.json").read_text())["balance"]
+    for r in (0, 1) if full_cut == cut["balance"] else ():  # each rank's own stage, bit for bit
         for k, v in want["ranks"][r]["model"].items():
             assert torch.equal(v, got["ranks"][r]["model"][k]), (r, k)
     last = [m for m in read_metrics(killed / "metrics" / "rank1.jsonl") if m["kind"] == "step"]
     assert all(m["loss"] is not None for m in last)  # the last stage holds the loss
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["final_loss"] < summary["first_loss"], summary
+    assert summary["balance"] == cut["balance"]
 
 
 def test_pipeline_replicas_get_batches_by_their_speed(cache: Path, tmp_path: Path) -> None:

@@ -73,16 +73,51 @@ def balance_costs(
         BalanceError: ``stages`` is out of range, a cost is negative, or ``first_costs``
             does not have one cost per layer.
     """
-    n = len(costs)
     if stages < 1:
         raise BalanceError(f"stages must be at least 1, got {stages}")
+    return balance_chunks(
+        [costs] * stages, first_costs=first_costs, last_extra=last_extra, holds=holds
+    )
+
+
+def balance_chunks(
+    costs: Sequence[Sequence[float]],
+    *,
+    first_costs: Sequence[float] | None = None,
+    last_extra: float = 0.0,
+    holds: Sequence[bool] | None = None,
+) -> tuple[int, ...]:
+    """:func:`balance_costs` where each chunk has its own layer costs: ``costs[k][i]`` is what
+    layer ``i`` costs if chunk ``k`` holds it (measured on the rank that runs chunk ``k``, so a
+    rank twice as slow gets about half the work).
+
+    Args:
+        costs: one cost vector per chunk, in chunk order, each with one cost per layer.
+        first_costs: each layer's cost in chunk 0, whose input needs no gradient (default
+            ``costs[0]``).
+        last_extra: added to the last chunk's cost.
+        holds: see :func:`balance_costs`.
+
+    Raises:
+        BalanceError: no chunk, more chunks than layers, vectors of different lengths, or a
+            negative cost.
+    """
+    stages = len(costs)
+    if stages < 1:
+        raise BalanceError("stages must be at least 1, got 0")
+    n = len(costs[0])
+    if any(len(c) != n for c in costs):
+        raise BalanceError(
+            f"every chunk needs one cost per layer ({n}), got {[len(c) for c in costs]}"
+        )
     if stages > n:
         raise BalanceError(
             f"cannot cut {n} layers into {stages} stages (each stage needs a layer); "
             f"use at most {n} stages or a model with more layers"
         )
-    rest, first, extra = _checked(costs, first_costs, last_extra)
-    prefix_rest, prefix_first = _prefix(rest), _prefix(first)
+    rest0, first, extra = _checked(costs[0], first_costs, last_extra)
+    prefixes = [_prefix(rest0)] + [_prefix(_checked(c, None, 0.0)[0]) for c in costs[1:]]
+    prefix_first = _prefix(first)
     if holds is not None and len(holds) != n:
         raise BalanceError(f"holds must have one flag per layer ({n}), got {len(holds)}")
     held = _prefix([1.0 if h else 0.0 for h in holds]) if holds is not None else None
@@ -100,7 +135,7 @@ def balance_costs(
             for j in range(k - 1, i):
                 if held is not None and held[i] == held[j]:
                     continue  # layers j .. i-1 hold no parameters
-                prefix = prefix_first if j == 0 else prefix_rest
+                prefix = prefix_first if j == 0 else prefixes[k - 1]
                 cost = max(best[k - 1][j], prefix[i] - prefix[j] + tail)
                 if cost < best[k][i] - 1e-12 * max(1.0, abs(cost)):
                     best[k][i], cut[k][i] = cost, j

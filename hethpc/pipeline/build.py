@@ -11,8 +11,8 @@ from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import PipelineGroups, make_pipeline_groups
 from hethpc.pipeline.pipe import Pipeline, default_device
-from hethpc.pipeline.profile import partition_by_time
-from hethpc.pipeline.schedule import chunks_per_stage
+from hethpc.pipeline.profile import partition_by_speed
+from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.pipeline.stage import LossFn
 
 
@@ -46,8 +46,9 @@ def build_pipeline(
             and "time" balance, and what a given balance lists).
         balance: layers per stage; or "params" (default, also None): balanced by parameter
             count; or "time": balanced by each layer's measured time on one micro-batch of
-            ``sample`` (:func:`~hethpc.pipeline.profile.partition_by_time`: measured on world
-            rank 0 and broadcast, so every rank cuts alike; the loss and the input gradients
+            ``sample`` on the rank that will run it (:func:`~hethpc.pipeline.profile.
+            partition_by_speed`: every rank measures, the profiles are gathered, so every rank
+            cuts alike and a slower rank gets fewer layers; the loss and the input gradients
             that stages after the first compute are counted).
         sample: with ``balance="time"``: a batch ``(x [N, ...], y [N, ...])`` like the
             training batches; its first ``N // micro_batches`` rows are timed.
@@ -115,8 +116,10 @@ def choose_balance(
             )
         dev = torch.device(device) if device is not None else default_device()
         rows = max(1, sample[0].shape[0] // micro_batches)
-        return tuple(partition_by_time(
-            model, parts, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
+        placement = v_chunks(stages) if schedule in V_SCHEDULES else list(range(stages))
+        assert len(placement) == parts
+        return partition_by_speed(
+            model, placement, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
             loss_fn=loss_fn,
-        ))  # fmt: skip
+        )  # fmt: skip
     raise PipelineError(f"balance must be 'params', 'time' or layers per stage, got {balance!r}")

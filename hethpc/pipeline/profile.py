@@ -7,7 +7,9 @@ parameters compute none; the last stage also runs the loss. :func:`profile_layer
 each of these costs, and :meth:`LayerProfile.balance` splits the layers so that the slowest
 stage, so counted, is as fast as possible (the bound on any schedule's speedup). Timings differ
 between ranks and between runs: :func:`profile_layers` measures on one rank and broadcasts, so
-every rank cuts the model the same way.
+every rank cuts the model the same way; :func:`partition_by_speed` measures on every rank and
+gives each stage as much as its own rank's speed allows (ranks of unequal speed), each rank
+cutting alike from the same gathered profiles.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.pipeline.balance import balance_costs, stage_costs
+from hethpc.pipeline.balance import balance_chunks, balance_costs, stage_costs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -135,6 +137,45 @@ def partition_by_time(
         model, sample, target=target, loss_fn=loss_fn, repeats=repeats, group=group
     )
     return profile.balance(stages)
+
+
+def partition_by_speed(
+    model: nn.Sequential,
+    placement: Sequence[int],
+    sample: torch.Tensor,
+    *,
+    target: torch.Tensor | None = None,
+    loss_fn: LossFn | None = None,
+    repeats: int = 5,
+) -> tuple[int, ...]:
+    """Balance chunks by the time each layer takes on the rank that will run it, so that a
+    slower rank gets less work: every world rank profiles every layer on itself (at once, each
+    on its own device), the profiles are gathered, and chunk ``c`` is costed by the slowest of
+    the ranks that run it (stage ``placement[c]`` of every replica: world ranks
+    ``d * P + placement[c]``). All world ranks call this and get the same balance.
+
+    Args:
+        model: the layers, on this rank's device.
+        placement: the stage of each chunk, in chunk order (``range(P)``, or a V's).
+        sample: one micro-batch of input, on this rank's device.
+        target, loss_fn, repeats: as in :func:`profile_layers`.
+
+    Raises:
+        BalanceError: more chunks than layers.
+    """
+    mine = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
+    profiles: list[LayerProfile] = comm.allgather_object(mine)
+    stages = max(placement) + 1
+    replicas = max(1, len(profiles) // stages)
+
+    def slowest(values: Callable[[LayerProfile], Sequence[float]], stage: int) -> list[float]:
+        ranks = [profiles[d * stages + stage] for d in range(replicas)]
+        return [max(v) for v in zip(*(values(p) for p in ranks), strict=True)]
+
+    costs = [slowest(lambda p: p.layer_s, s) for s in placement]
+    first = slowest(lambda p: p.first_stage_s, placement[0])
+    last = max(profiles[d * stages + placement[-1]].loss_s for d in range(replicas))
+    return balance_chunks(costs, first_costs=first, last_extra=last, holds=mine.trainable or None)
 
 
 def _measure(

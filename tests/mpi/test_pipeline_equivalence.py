@@ -346,7 +346,7 @@ def test_time_balance_is_the_same_on_every_rank() -> None:
     x, y = make_batch(8)
     pipe = build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time",
                           sample=(x, y), loss_fn=nn.functional.cross_entropy)  # fmt: skip
-    assert len(set(comm.allgather_object(pipe.balance))) == 1  # measured once, broadcast
+    assert len(set(comm.allgather_object(pipe.balance))) == 1  # every rank cuts alike
     assert sum(pipe.balance) == len(make_model()) and len(pipe.balance) == stages
     pipe.train_step(x, y, nn.functional.cross_entropy)
     _, ref = reference_grads(x, y)
@@ -356,6 +356,34 @@ def test_time_balance_is_the_same_on_every_rank() -> None:
         build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time")
     with pytest.raises(PipelineError, match="'params', 'time' or layers per stage"):
         build_pipeline(make_model(), stages=stages, micro_batches=2, balance="flops")
+
+
+def test_time_balance_gives_a_slower_rank_fewer_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank measures itself and the profiles are gathered: here the last stage's ranks
+    report every layer 3x slower than the others (as a rank of a third of the speed would), and
+    get fewer layers than the equal ranks' cut gives them; every rank cuts alike."""
+    from hethpc.pipeline import profile
+
+    stages = 2
+    if comm.size() % stages or stages > len(make_model()):
+        pytest.skip("P = 2 needs an even world")
+    real = profile._measure
+    slow = 3.0 if comm.rank() % stages == stages - 1 else 1.0
+
+    def measured(*args: object, **kw: object) -> profile.LayerProfile:
+        p = real(*args, **kw)  # type: ignore[arg-type]
+        return profile.LayerProfile(tuple(1e-3 * slow for _ in p.layer_s),
+                                    tuple(1e-3 * slow for _ in p.first_stage_s), 0.0, p.trainable)
+
+    x, y = make_batch(8)
+    even = build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time",
+                          sample=(x, y)).balance  # fmt: skip
+    monkeypatch.setattr(profile, "_measure", measured)
+    skewed = build_pipeline(make_model(), stages=stages, micro_batches=2, balance="time",
+                            sample=(x, y)).balance  # fmt: skip
+    assert len(set(comm.allgather_object(skewed))) == 1
+    layers = len(make_model())
+    assert skewed[-1] < layers / 2 and skewed[-1] <= even[-1], (even, skewed)
 
 
 # ZB-V: (stages, replicas, balance) with 2P chunks of the 7-layer model; chunk c runs on rank c

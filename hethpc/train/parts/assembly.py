@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from hethpc.data.balance import Rebalancer
 from hethpc.sync import SyncPolicy
 from hethpc.train.keep.state import Components
 from hethpc.train.parts.capabilities import (
+    first_rows,
     make_caps,
     make_controller,
     make_injector,
@@ -76,11 +78,12 @@ def assemble(
     test_set: ArrayDataset | None,
     *,
     keep: np.ndarray | None = None,
+    run_dir: Path | None = None,
 ) -> RunParts:
     """Check the model, broadcast rank 0's weights and build the run's parts (a collective).
 
     ``keep``: the training samples the loaders may use (the others are held out for
-    validation); None: all.
+    validation); None: all. ``run_dir``: where a pipeline keeps its cut for a resumed run.
 
     Raises:
         ModelMismatchError: the ranks built different models.
@@ -88,7 +91,7 @@ def assemble(
     """
     check_same_model(model)
     comm.broadcast_model(model)  # the whole model, before a pipeline cuts it into stages
-    engine = make_engine(cfg, model)
+    engine = make_engine(cfg, model, sample=lambda n: first_rows(train_set, n), run_dir=run_dir)
     module = engine.module
     if test_set is None and engine.collective_eval:
         raise ConfigError("pipeline runs need test data to evaluate (test_data)")

@@ -201,6 +201,18 @@ def policy_summary(policy: SyncPolicy) -> dict[str, Any]:
     return {**policy.summary().as_dict(), **policy.summary_fields()}
 
 
+def first_rows(
+    train: ArrayDataset | ShardedDataset, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` training samples (all, if fewer) as the model's inputs and targets."""
+    n = min(n, len(train))
+    if isinstance(train, ArrayDataset):
+        x, y = train.x[:n], train.y[:n]
+    else:
+        x, y = train.read(np.arange(n))
+    return to_batch(np.asarray(x), np.asarray(y), sequence=is_sequence(train))
+
+
 def make_caps(
     cfg: TrainConfig,
     model: nn.Module,
@@ -226,20 +238,12 @@ def make_caps(
             return list(caps_for(spec, replicas))
         except ValueError as e:
             raise ConfigError(str(e), key="max_rank_batch") from None
-    sequence = is_sequence(train)
-
-    def batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = min(n, len(train))
-        if isinstance(train, ArrayDataset):
-            x, y = train.x[:n], train.y[:n]
-        else:
-            x, y = train.read(np.arange(n))
-        return to_batch(np.asarray(x), np.asarray(y), sequence=sequence)
-
     mine: int | None | str
     try:
         rows = max(2, min(32, cfg.batch_size // max(replicas, 1)))
-        mine = measure_cap(model, batch, device, rows=rows, limit_gb=cfg.memory_limit_gb)
+        mine = measure_cap(
+            model, lambda n: first_rows(train, n), device, rows=rows, limit_gb=cfg.memory_limit_gb
+        )
     except ValueError as e:
         mine = f"rank {comm.rank()}: {e}"
     every = comm.allgather_object(mine)  # every rank learns every cap, or every failure

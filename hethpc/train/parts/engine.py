@@ -12,6 +12,7 @@ which ranks hold the same parameters (:attr:`Engine.group`), and whether it comp
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -91,10 +92,23 @@ class Engine(Protocol):
         ...
 
 
-def make_engine(cfg: TrainConfig, model: nn.Module) -> Engine:
-    """The engine for ``cfg``: pipeline stages when ``pipeline_stages > 1``."""
+def make_engine(
+    cfg: TrainConfig,
+    model: nn.Module,
+    *,
+    sample: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    run_dir: Path | None = None,
+) -> Engine:
+    """The engine for ``cfg``: pipeline stages when ``pipeline_stages > 1`` (cut by
+    ``pipeline_balance`` on a replica's batch of ``sample(rows)``, the cut kept in
+    ``run_dir`` for a resumed run)."""
     device = this_device(cfg.device, comm.local_rank())
     if cfg.pipeline_stages > 1:
         check_pipeline_config(cfg, comm.size())
-        return PipelineStage(cfg, model, device)
+        rows = cfg.batch_size // (comm.size() // cfg.pipeline_stages)
+        return PipelineStage(
+            cfg, model, device,
+            sample=sample(rows) if sample is not None and cfg.pipeline_balance == "time" else None,
+            cut_file=None if run_dir is None else run_dir / "pipeline_cut.json",
+        )  # fmt: skip
     return DataParallel(model, device)

@@ -3,7 +3,9 @@ settings a pipelined run refuses (checked before any stage is built, alike on ev
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,7 +132,13 @@ class PipelineStage:
     """
 
     def __init__(
-        self, cfg: TrainConfig, model: nn.Module, device: torch.device | None = None
+        self,
+        cfg: TrainConfig,
+        model: nn.Module,
+        device: torch.device | None = None,
+        *,
+        sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cut_file: Path | None = None,
     ) -> None:
         if not isinstance(model, nn.Sequential):
             raise ConfigError(
@@ -140,9 +148,7 @@ class PipelineStage:
         groups = make_pipeline_groups(cfg.pipeline_stages)
         lay = self.layout = groups.layout
         model_chunks(cfg, len(model), lay.stages)  # zbv's 2P chunks: named in the settings' words
-        self.balance = choose_balance(
-            model, stages=lay.stages, schedule=cfg.schedule, balance="params"
-        )
+        self.balance = self._cut(cfg, model, device, sample, cut_file)
         check_stage_parameters(cfg, model, self.balance, lay.stages)
         self.pipe = build_pipeline(
             model,
@@ -168,6 +174,32 @@ class PipelineStage:
         self.takes_loss_scale = False  # the pipeline weights its replicas' gradients itself
         self.zero_in_place = False  # each step drops the stage's gradients (see compute)
         self._stage_group = groups.stage_group
+
+    def _cut(
+        self,
+        cfg: TrainConfig,
+        model: nn.Sequential,
+        device: torch.device | None,
+        sample: tuple[torch.Tensor, torch.Tensor] | None,
+        cut_file: Path | None,
+    ) -> tuple[int, ...]:
+        """The layers per chunk: a resumed run's first cut (its checkpoints hold each stage's
+        layers), else ``pipeline_balance``'s (a collective for ``time``), written to
+        ``cut_file`` by rank 0."""
+        saved = None
+        if cfg.resume and cut_file is not None and comm.rank() == 0 and cut_file.is_file():
+            saved = tuple(int(v) for v in json.loads(cut_file.read_text())["balance"])
+        saved = comm.broadcast_object(saved)
+        if saved is not None:
+            return saved
+        balance = choose_balance(
+            model, stages=self.layout.stages, schedule=cfg.schedule,
+            balance=cfg.pipeline_balance, micro_batches=cfg.micro_batches, sample=sample,
+            device=device,
+        )  # fmt: skip
+        if cut_file is not None and comm.rank() == 0:
+            cut_file.write_text(json.dumps({"balance": list(balance), "by": cfg.pipeline_balance}))
+        return balance
 
     def step_time(self, seconds: float) -> float:
         """The replica's step time, the same on each of its stages (one tiny allreduce).

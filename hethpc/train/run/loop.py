@@ -170,7 +170,7 @@ def run_training(
     keep: np.ndarray | None = None
     if cfg.val_fraction:
         keep, val_set = holdout(train_set, cfg.val_fraction, cfg.data_seed)
-    run = assemble(cfg, model, train_set, test_set, keep=keep)
+    run = assemble(cfg, model, train_set, test_set, keep=keep, run_dir=run_dir)
     engine, module, policy, total = run.engine, run.module, run.policy, run.total
     tally = Tally()
     ckpts = RunCheckpoints(cfg, run_dir, engine, run.components, tally)

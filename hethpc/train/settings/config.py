@@ -296,6 +296,14 @@ class TrainConfig:
     # Pipeline
     pipeline_stages: int = _f(1, "pipeline stages P (world = P x data-parallel replicas)")
     micro_batches: int = _f(4, "micro-batches per batch with pipeline stages")
+    pipeline_balance: str = _f(
+        "params",
+        "how the model is cut into pipeline stages: params (by parameter count) or time (each "
+        "layer timed at start on every rank, on one micro-batch of the training data, and "
+        "each stage given what its own ranks' speed allows: a slower rank holds fewer layers); "
+        "a resumed run keeps its first cut (docs/pipeline.md)",
+        choices=("params", "time"),
+    )
     schedule: str = _f(
         "1f1b",
         "pipeline schedule: 1f1b, gpipe, zb (ZB-H1: 1F1B with split backwards filling the "
