@@ -3,7 +3,7 @@ under a real CPU quota, and the demo's scenario run both ways.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed.py [--quick]
 
-Needs root on Linux (``hethpc.testbed``). Four parts, each printed as a table:
+Needs root on Linux (``hethpc.testbed``). Five parts, each printed as a table:
 
 1. **mechanisms**: a fixed loop under a quota of 1/2 and 1/3 of a core (its slowdown against
    the same loop on the uncapped head), and one 50 MB MPI message over a 200 Mbit/s link (its
@@ -22,6 +22,11 @@ Needs root on Linux (``hethpc.testbed``). Four parts, each printed as a table:
 4. **peers**: on the demo's testbed, hethpc's demo job, its BSP baseline, a plain Horovod
    loop, PyTorch DDP and DDP with PowerSGD (``benchmarks/peer_*.py``: constant learning rate,
    not tuned: one seed's side-by-side run, not a tuned comparison), 6 epochs each.
+
+5. **pipeline**: a 2-stage pipeline (model ``large``) with stage 1 on a node at half a core,
+   cut by parameter count and by each rank's measured speed (``--pipeline-balance time``):
+   the throughput of the second half of the steps, the speed cut over the parameter cut
+   (goal: 1.3x, the median of the seeds).
 
 Runs of one part are interleaved in a random order (seeded) per seed; a uniform and a dynamic
 run of the same setting run side by side (the host's speed drifts over minutes). The last line is
@@ -326,6 +331,41 @@ def peers(seeds: list[int], tmp: Path) -> dict[str, Any]:
     return runs
 
 
+PIPE_NODES = [{"cpu": 1.0}, {"cpu": 0.5}]  # links unshaped: the slow stage, not the wire
+
+
+def pipeline_cut(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
+    """A 2-stage pipeline (``jobs/train.py --pipeline-stages 2``, model ``large``) with stage 1
+    on a node at half a core: cut by parameter count against cut by each rank's measured
+    speed (``--pipeline-balance time``), interleaved per seed; samples/s of the second half."""
+    base = [
+        "--model", "large", "--samples", "8000", "--epochs", "1", "--max-steps", str(steps),
+        "--batch-size", "256", "--micro-batches", "8", "--optimizer", "adam", "--lr", "0.0003",
+        "--pipeline-stages", "2", "--eval-every", "0",
+    ]  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {"params": [], "time": []}
+    for seed in seeds:
+        order = list(runs)
+        random.Random(300 + seed).shuffle(order)
+        for how in order:
+            with Testbed(PIPE_NODES, name="bpipe") as bed:
+                run_dir = tmp / f"pipe-{how}"
+                train([*base, "--pipeline-balance", how, "--seed", str(seed)], bed=bed,
+                      run_dir=run_dir)  # fmt: skip
+            summary = json.loads((run_dir / "summary.json").read_text())
+            recs = [json.loads(line) for line in (run_dir / "metrics" / "rank1.jsonl").open()]
+            times = [r["time"] for r in recs if r["kind"] == "step"]
+            half = times[len(times) // 2 :]
+            per_s = 256 * (len(half) - 1) / (half[-1] - half[0])
+            r = {"seed": seed, "balance": summary["balance"], "samples_per_s": per_s}
+            runs[how].append(r)
+            print(f"  seed {seed} cut by {how:6}: balance {r['balance']}, {per_s:.0f} "
+                  "samples/s", flush=True)  # fmt: skip
+    ratios = [t["samples_per_s"] / p["samples_per_s"]
+              for p, t in zip(runs["params"], runs["time"], strict=True)]  # fmt: skip
+    return {"runs": runs, "speedups": ratios, "speedup": _median(ratios)}
+
+
 def figures(out: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of a result, flat (one row each in RESULTS.md)."""
     flat: dict[str, Any] = {}
@@ -339,6 +379,8 @@ def figures(out: dict[str, Any]) -> dict[str, Any]:
         for key in ("step_s", "time_s", "tta_s"):
             flat[f"demo_{sync}_{key}_testbed_over_emulated"] = round(f[key]["ratio"], 3)
         flat[f"demo_{sync}_slow_share"] = f["slow_share"]
+    if "pipeline" in out:
+        flat["pipeline_time_cut_over_param_cut"] = round(out["pipeline"]["speedup"], 3)
     for name, rs in out.get("peers", {}).items():
         rs = [r for r in rs if r["time_s"] is not None]
         flat[f"peers: {name}"] = {
@@ -356,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=6, help="epochs of the quota runs")
     p.add_argument("--batch", type=int, default=512, help="global batch of the quota runs")
-    p.add_argument("--only", default="mechanisms,quota,demo,peers")
+    p.add_argument("--only", default="mechanisms,quota,demo,peers,pipeline")
     a = p.parse_args(argv)
     lack = missing()
     if lack:
@@ -402,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{_spread([r['test_acc'] for r in rs])}  to {TARGET:.0%} "
                     f"{_spread([r['tta_s'] for r in rs])}"
                 )
+        if "pipeline" in parts:
+            print("a 2-stage pipeline, stage 1 at half a core: cut by speed vs by parameters",
+                  flush=True)  # fmt: skip
+            out["pipeline"] = pipeline_cut(seeds, tmp, 30 if a.quick else 120)
+            print(f"time cut / parameter cut, samples/s: {_spread(out['pipeline']['speedups'])}")
     out["wall_s"] = time.time() - t0
     print(json.dumps({**figures(out), "detail": out}))
     return 0

@@ -112,6 +112,10 @@ GOALS["bench_testbed"] = {
         for sync in ("bsp", "selsync")
         for key in ("step_s", "time_s", "tta_s")
     },
+    "pipeline_time_cut_over_param_cut": (
+        ">= 1.3x (a 2-stage pipeline, stage 1 at half a core: cut by speed over by parameters)",
+        lambda v: _ge(v, 1.3),
+    ),
 }
 # The evidence protocol (docs/evaluation.md): medians over 5 seeds against BSP tuned alike.
 GOALS["bench_evidence"] = {
