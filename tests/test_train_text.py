@@ -18,7 +18,8 @@ import hethpc
 from hethpc import comm
 from hethpc.cli import convert
 from hethpc.cli.report import metric_label, time_to_baseline
-from hethpc.data import ArrayDataset, open_dataset
+from hethpc.data import ArrayDataset, DatasetError, open_dataset
+from hethpc.data.adapt import from_arrays
 from hethpc.data.transform import is_sequence, next_tokens, to_batch
 from hethpc.models import ModelError, build_model
 from hethpc.train import TrainConfig
@@ -237,3 +238,31 @@ def test_fit_trains_on_a_text_shard_directory(text: Path, tmp_path: Path) -> Non
     assert s["test_bpb"] < 6.0, s  # bits per byte, the default metric
     assert 0.0 < s["test_acc"] < 1.0, s  # and beside it the accuracy per position
     assert s["final_loss"] < s["first_loss"] - 1.0, s
+
+
+def test_fit_trains_on_in_memory_tokens_with_their_own_targets(tmp_path: Path) -> None:
+    """Integer tokens x [n, T] with integer targets y [n, T]: per-position cross-entropy,
+    scored in bits per token and per-position accuracy (task "tokens")."""
+    g = np.random.default_rng(0)
+    pattern = np.tile(np.arange(16), 64)
+    starts = g.integers(0, len(pattern) - 40, 512)
+    x = np.stack([pattern[i : i + 16] for i in starts])
+    y = np.stack([pattern[i + 1 : i + 17] for i in starts])  # each token's next
+    torch.manual_seed(0)
+    result = hethpc.fit(
+        build_model("gpt_tiny", (16,), 256), (x, y), test_data=(x[:64], y[:64]), batch_size=32,
+        epochs=1, optimizer="adamw", lr=0.003, progress=False, run_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    s = result.summary
+    assert s["final_loss"] < 0.5 * s["first_loss"] and s["test_bpb"] < 1.0, s
+    assert s["test_acc"] > 0.9, s  # per position
+    ds = from_arrays(x, y)
+    assert is_sequence(ds) and ds.task == "tokens" and ds.num_classes == 16
+
+
+def test_negative_tokens_and_mismatched_targets_are_refused() -> None:
+    x = np.zeros((8, 4), dtype=np.int64)
+    with pytest.raises(DatasetError, match="tokens and targets must be 0 or more, found -1"):
+        from_arrays(x, x - 1)
+    with pytest.raises(DatasetError, match=r"or integer tokens x \[n, T\] with integer"):
+        from_arrays(x, np.zeros((8, 3), dtype=np.int64))

@@ -51,10 +51,13 @@ def from_arrays(x: Any, y: Any, *, name: str = "data") -> ArrayDataset:
                             ya.astype(np.float32, copy=False), 0)  # fmt: skip
     if ya.ndim == 2 and ya.shape[1] == 1:  # a column of labels, [n, 1]: one per sample
         ya = ya[:, 0]
+    if ya.ndim == 2 and xa.shape == ya.shape and np.issubdtype(xa.dtype, np.integer):
+        return _tokens(name, xa, ya)
     if ya.ndim != 1:
         raise DatasetError(
             f"{name}: integer y of shape {ya.shape} are read as class labels, one per sample "
-            "(shape [n]); for several targets per sample give floating-point y (regression)"
+            "(shape [n]); for several targets per sample give floating-point y (regression), "
+            "or integer tokens x [n, T] with integer targets y of the same shape (sequences)"
         )
     if ya.min() < 0:
         raise DatasetError(f"{name}: class labels must be 0 or more, found {int(ya.min())}")
@@ -71,6 +74,17 @@ def from_arrays(x: Any, y: Any, *, name: str = "data") -> ArrayDataset:
             stacklevel=2,
         )
     return ArrayDataset(xa, ya.astype(np.int64, copy=False), len(counts))
+
+
+def _tokens(name: str, xa: np.ndarray, ya: np.ndarray) -> ArrayDataset:
+    """Integer tokens ``[n, T]`` and their integer targets ``[n, T]``: per-position
+    cross-entropy over a vocabulary of the largest token or target + 1 (task ``tokens``)."""
+    low = int(min(xa.min(), ya.min()))
+    if low < 0:
+        raise DatasetError(f"{name}: tokens and targets must be 0 or more, found {low}")
+    vocab = int(max(xa.max(), ya.max())) + 1
+    return ArrayDataset(xa.astype(np.int64, copy=False), ya.astype(np.int64, copy=False), vocab,
+                        task="tokens")  # fmt: skip
 
 
 def from_torch(dataset: Any, *, name: str = "data") -> ArrayDataset:

@@ -7,9 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Manifest ``meta.task`` values whose samples are token windows: the model reads a window's
-#: first tokens and predicts each one's next (``hethpc-convert text`` writes ``next-byte``).
-SEQUENCE_TASKS = frozenset({"next-byte"})
+#: Tasks whose targets are sequences: ``next-byte``, a manifest's token windows (the model
+#: reads a window's first tokens and predicts each one's next; ``hethpc-convert text`` writes
+#: it), and ``tokens``, in-memory integer inputs ``[n, T]`` with their own integer targets
+#: ``[n, T]`` (``fit((x, y))``).
+SEQUENCE_TASKS = frozenset({"next-byte", "tokens"})
 
 
 def task_of(dataset: Any) -> str | None:
@@ -63,10 +65,16 @@ def to_batch(
     Args:
         x: samples ``[n, *sample_shape]`` as stored.
         y: their labels ``[n]`` (or regression targets).
-        sequence: the samples are token windows (:func:`is_sequence`): inputs and targets
-            both come from ``x`` (:func:`next_tokens`), ``y`` is not used.
-        normalize: scale uint8 samples to ``[0, 1]`` (not token windows).
+        sequence: the samples are tokens with sequence targets (:func:`is_sequence`): with
+            ``y`` of ``x``'s shape (task ``tokens``) the int64 tokens and targets as they are,
+            else windows whose inputs and targets both come from ``x`` (:func:`next_tokens`;
+            ``y`` is not used).
+        normalize: scale uint8 samples to ``[0, 1]`` (not tokens).
     """
     if sequence:
+        y = np.asarray(y)
+        if y.shape == x.shape:
+            as_int = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in (x, y))
+            return next(as_int), next(as_int)
         return next_tokens(x)
     return to_inputs(x, normalize=normalize), to_targets(np.asarray(y))
