@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -255,3 +257,15 @@ def test_a_chunk_on_a_slower_rank_gets_fewer_layers() -> None:
     assert balance_chunks([even, even], first_costs=[0.5] * 8, last_extra=2.0) == (7, 1)
     with pytest.raises(BalanceError, match=r"one cost per layer \(8\), got \[8, 7\]"):
         balance_chunks([even, even[:7]])
+
+
+def test_stalls_stretch_a_ranks_profile_by_mean_over_median() -> None:
+    from hethpc.pipeline import profile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    factor = profile._stall_factor(model, torch.randn(16, 8))
+    assert factor >= 1.0 and math.isfinite(factor)  # 1 where nothing stalls the passes
+    assert all(p.grad is None for p in model.parameters())
+    p = LayerProfile((1.0, 2.0), (0.5, 2.0), 0.25, (True, True))
+    assert profile._stretched(p, 2.0) == LayerProfile((2.0, 4.0), (1.0, 4.0), 0.5, (True, True))

@@ -164,6 +164,8 @@ def partition_by_speed(
         BalanceError: more chunks than layers.
     """
     mine = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
+    if sample.device.type == "cpu":  # a CPU quota stalls a rank now and then: count the stalls
+        mine = _stretched(mine, _stall_factor(model, sample))
     profiles: list[LayerProfile] = comm.allgather_object(mine)
     stages = max(placement) + 1
     replicas = max(1, len(profiles) // stages)
@@ -176,6 +178,38 @@ def partition_by_speed(
     first = slowest(lambda p: p.first_stage_s, placement[0])
     last = max(profiles[d * stages + placement[-1]].loss_s for d in range(replicas))
     return balance_chunks(costs, first_costs=first, last_extra=last, holds=mine.trainable or None)
+
+
+#: How long :func:`_stall_factor` runs whole passes: several periods of a CFS quota (100 ms).
+STALL_WINDOW_S = 0.6
+
+
+def _stall_factor(model: nn.Sequential, sample: torch.Tensor) -> float:
+    """The mean over the median time of whole forward and backward passes run for
+    :data:`STALL_WINDOW_S`: 1 on a rank that runs freely; about 2 on a rank capped at half a
+    core, whose short passes run at full speed between stalls (a per-layer median of a few
+    runs, shorter than the quota's period, never sees the cap)."""
+    passes: list[float] = []
+    end = time.perf_counter() + STALL_WINDOW_S
+    while time.perf_counter() < end or len(passes) < 3:
+        t0 = time.perf_counter()
+        x = sample
+        for layer in model:
+            x = layer(x.detach().requires_grad_(x.is_floating_point()))
+        if x.requires_grad:
+            x.float().sum().backward()
+        passes.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return max(1.0, (sum(passes) / len(passes)) / _median(passes))
+
+
+def _stretched(profile: LayerProfile, factor: float) -> LayerProfile:
+    return LayerProfile(
+        tuple(t * factor for t in profile.layer_s),
+        tuple(t * factor for t in profile.first_stage_s),
+        profile.loss_s * factor,
+        profile.trainable,
+    )
 
 
 def _measure(
