@@ -105,6 +105,8 @@ def test_run_directories_never_collide_and_a_requeued_job_resumes_its_own(tmp_pa
     shutil.copytree(ROOT / "slurm", repo / "slurm")
     (repo / "jobs").mkdir()
     shutil.copy(ROOT / "jobs" / "train.py", repo / "jobs")
+    (repo / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "openmpi_env.sh", repo / "scripts")  # common.sh sources it
     script = repo / "slurm" / "train_cpu.sbatch"
     env = {"SLURM_SUBMIT_DIR": str(repo), "SLURM_JOB_ID": "6", "SLURM_CLUSTER_NAME": "c"}
 

@@ -269,9 +269,9 @@ def test_weights_must_match_the_data_parallel_ranks() -> None:
 @pytest.mark.parametrize(
     ("argv0", "name"),
     [
-        ("jobs/train.py", "jobs/train.py"),  # python jobs/train.py: as typed
+        ("jobs/train.py", "default"),  # python jobs/train.py: the program's own name
         ("/opt/venv/bin/hethpc-train", "hethpc-train"),  # the console script
-        ("../hethpc/jobs/train.py", "train.py"),  # a path out of here: its file name
+        ("/srv/hethpc/jobs/train.py", "default"),  # an sbatch script's absolute path
     ],
 )
 def test_messages_name_the_command_as_the_user_ran_it(

@@ -55,14 +55,16 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def command_name(argv: list[str] | None, default: str) -> str:
-    """The name the user ran the program by, for its messages (``hethpc-convert: error: ...``).
+    """The name the user ran the program by, for its messages (``hethpc-convert: error: ...``)
+    and the commands it prints (a resume line).
 
-    When the program reads its command line from ``sys.argv`` (``argv`` is None): a relative
-    path as typed (``jobs/train.py`` for ``python jobs/train.py``), else the file's name
-    (``hethpc-train`` for the console script, whose path the shell made absolute); ``default``
-    when it is called with an ``argv``.
+    ``hethpc-train`` and the other console scripts by their own name when the program reads its
+    command line from ``sys.argv`` (``argv`` is None); else ``default``, the file as run from the
+    repository's root (``jobs/train.py``), whatever path the launcher gave (an sbatch script
+    runs it by its absolute path).
     """
     if argv is None and sys.argv and sys.argv[0] not in ("", "-c"):
-        typed = Path(sys.argv[0])
-        return str(typed) if not typed.is_absolute() and ".." not in typed.parts else typed.name
+        name = Path(sys.argv[0]).name
+        if name.startswith("hethpc-"):
+            return name
     return default
