@@ -66,8 +66,8 @@ def caps_for(spec: tuple[int, ...], ranks: int) -> list[int]:
         return [spec[0]] * ranks
     if len(spec) != ranks:
         raise ValueError(
-            f"max_rank_batch gives {len(spec)} caps for {ranks} ranks; give one per rank, or "
-            "one for all"
+            f"max_rank_batch gives {len(spec)} caps for {ranks} rank{'s' if ranks != 1 else ''}; "
+            "give one per rank, or one for all (--max-rank-batch)"
         )
     return list(spec)
 
