@@ -118,9 +118,7 @@ def assemble(
             f"{len(train_set) if keep is None else len(keep)} samples; use a smaller batch"
         )
     total = cfg.epochs * spe if cfg.max_steps == 0 else min(cfg.epochs * spe, cfg.max_steps)
-    caps = make_caps(
-        cfg, module, engine.device, train_set, replica=engine.replica, replicas=engine.replicas
-    )
+    caps = make_caps(cfg, module, engine.device, train_set, replicas=engine.replicas)
     optimizer, scheduler = make_optimizer(cfg, module, total)
     clip = GradientClip(optimizer, cfg.clip_grad_norm) if cfg.clip_grad_norm > 0 else None
     components = Components(module, optimizer, scheduler, loader, controller, policy)

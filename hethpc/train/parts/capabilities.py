@@ -219,7 +219,6 @@ def make_caps(
     device: torch.device,
     train: ArrayDataset | ShardedDataset,
     *,
-    replica: int,
     replicas: int,
 ) -> list[int | None]:
     """Every replica's cap on one pass (``max_rank_batch``; None: no cap), the same list on
@@ -235,7 +234,7 @@ def make_caps(
         return [None] * replicas
     if isinstance(spec, tuple):
         try:
-            return list(caps_for(spec, replicas))
+            return list(caps_for(spec, replicas))  # list[int] as list[int | None]
         except ValueError as e:
             raise ConfigError(str(e), key="max_rank_batch") from None
     mine: int | None | str
