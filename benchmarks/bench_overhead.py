@@ -68,6 +68,7 @@ from hethpc.data import ArrayDataset, load_mnist1d
 from hethpc.models import build_model
 from hethpc.sync import BSP
 from hethpc.sync.averaging import average_gradients_
+from hethpc.sync.powersgd import DEFAULT_START_STEP
 from hethpc.train import TrainConfig, read_metrics, train
 from hethpc.train.evaluation import evaluate
 
@@ -86,8 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
     p.add_argument("--np", type=int, default=2, help="ranks (when relaunching)")
-    p.add_argument("--transport", default="auto", choices=comm.runtime.TRANSPORTS,
-                   help="hethpc's tensor transport (hethpc, overlap and job rows)")
+    p.add_argument(
+        "--transport",
+        default="auto",
+        choices=comm.runtime.TRANSPORTS,
+        help="hethpc's tensor transport (hethpc, overlap and job rows)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.rounds, args.steps = 2, 2, 5
@@ -119,7 +124,9 @@ class Loop:
     """One contender's model, optimizer and step, on this rank's slice of each global batch."""
 
     def __init__(self, kind: str, model_name: str, data: ArrayDataset, args: argparse.Namespace,
-                 batch: int) -> None:  # fmt: skip
+                 batch: int, compression: str = "none") -> None:  # fmt: skip
+        """``compression``: ``none``, ``fp16``, ``bf16`` or ``powersgd:RANK``, each contender's
+        own (``hethpc.sync``'s codecs, Horovod's ``Compression.fp16``, DDP's comm hooks)."""
         import horovod.torch as hvd  # the baseline is plain Horovod, on purpose
 
         torch.manual_seed(args.seed)
@@ -133,13 +140,25 @@ class Loop:
         if kind == "horovod":
             with horovod_up():
                 hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+                if compression not in ("none", "fp16"):
+                    raise ValueError(f"Horovod compresses with fp16 only, not {compression!r}")
                 opt = hvd.DistributedOptimizer(
-                    opt, named_parameters=self.model.named_parameters()
-                )
+                    opt, named_parameters=self.model.named_parameters(),
+                    compression=hvd.Compression.fp16 if compression == "fp16"
+                    else hvd.Compression.none,
+                )  # fmt: skip
         elif kind == "ddp":
-            self.net = nn.parallel.DistributedDataParallel(self.model)
+            # powerSGD_hook's callbacks start a bucket's second allreduce from gloo's threads,
+            # so with two buckets the ranks can start them in different orders: on the testbed
+            # both ranks hung in the first steps past its plain ones. One bucket avoids it.
+            one = compression.startswith("powersgd")
+            self.net = nn.parallel.DistributedDataParallel(
+                self.model, bucket_cap_mb=1024 if one else 25
+            )
+            ddp_compression(self.net, compression)
         else:
-            self.policy = BSP(keep_records=False, overlap=kind == "overlap")
+            self.policy = BSP(keep_records=False, overlap=kind == "overlap",
+                              compression=compression)  # fmt: skip
         self.opt = opt
         self.loss_fn = nn.CrossEntropyLoss()
         self.steps_per_epoch = -(-len(data) // batch)
@@ -169,6 +188,28 @@ class Loop:
             else:
                 self.opt.step()
         return time.perf_counter() - t0
+
+
+POWERSGD_START = DEFAULT_START_STEP  # DDP's plain allreduces first, as many as hethpc's
+
+
+def ddp_compression(ddp: nn.parallel.DistributedDataParallel, compression: str) -> None:
+    """Register DDP's comm hook for ``compression`` (``fp16``, ``bf16``, ``powersgd:RANK``)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    name, _, rank = compression.partition(":")
+    if name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=int(rank or 4),
+            start_powerSGD_iter=POWERSGD_START,
+        )  # fmt: skip
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif name != "none":
+        raise ValueError(f"no DDP hook for compression {compression!r}")
 
 
 def job_steps(run_dir: str, epoch: int | None = None) -> list[float]:
@@ -292,8 +333,10 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
         "job_vs_ddp": round(ratios(times, "job", "ddp"), 4),
     }
     say("  median epoch: " + "  ".join(f"{k} {v:.3f} s" for k, v in med.items()))
-    say(f"  hethpc/horovod {small['hethpc_vs_horovod']}, hethpc/ddp {small['hethpc_vs_ddp']}, "
-        f"job/horovod {small['job_vs_horovod']}, job/ddp {small['job_vs_ddp']} (goal <= 0.95)")
+    say(
+        f"  hethpc/horovod {small['hethpc_vs_horovod']}, hethpc/ddp {small['hethpc_vs_ddp']}, "
+        f"job/horovod {small['job_vs_horovod']}, job/ddp {small['job_vs_ddp']} (goal <= 0.95)"
+    )
     say(f"  overlap/hethpc {small['overlap_vs_hethpc']} (buckets during backward / after it)")
     out["cnn1d"] = small
 
@@ -329,10 +372,14 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
         "allreduce_vs_fastest": round(fastest / tx["hethpc"], 4),
     }
     say("  median step: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in med.items()))
-    say(f"  hethpc/horovod {big['hethpc_vs_horovod']}, hethpc/ddp {big['hethpc_vs_ddp']}, "
-        f"job/horovod {big['job_vs_horovod']}, job/ddp {big['job_vs_ddp']} (goal <= 0.95)")
-    say("  allreduce of the gradient bytes: " + "  ".join(
-        f"{k} {v:.1f} ms ({big['allreduce_gb_per_s'][k]} GB/s)" for k, v in tx.items()))  # type: ignore[index]
+    say(
+        f"  hethpc/horovod {big['hethpc_vs_horovod']}, hethpc/ddp {big['hethpc_vs_ddp']}, "
+        f"job/horovod {big['job_vs_horovod']}, job/ddp {big['job_vs_ddp']} (goal <= 0.95)"
+    )
+    say(
+        "  allreduce of the gradient bytes: "
+        + "  ".join(f"{k} {v:.1f} ms ({big['allreduce_gb_per_s'][k]} GB/s)" for k, v in tx.items())
+    )  # type: ignore[index]
     say(f"  hethpc's throughput / the fastest other: {big['allreduce_vs_fastest']} (goal >= 0.9)")
     say(f"  overlap/hethpc {big['overlap_vs_hethpc']} (buckets during backward / after it)")
     out["large"] = big

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks"
 
+
 def _ge(v: object, bound: float) -> bool:
     return isinstance(v, (int, float)) and v >= bound
 
@@ -52,7 +53,8 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
         "loader_vs_raw": (">= 0.7 (raw contiguous h5py reads)", lambda v: v >= 0.7),
         "loader_vs_naive": (">= 10 (per-sample Dataset + DataLoader)", lambda v: v >= 10),
         "loader_vs_memmap_shuffled": (
-            ">= 0.9 (numpy memmap, the same shuffled order)", lambda v: _ge(v, 0.9)
+            ">= 0.9 (numpy memmap, the same shuffled order)",
+            lambda v: _ge(v, 0.9),
         ),
     },
     "bench_dynbatch": {
@@ -71,20 +73,24 @@ GOALS: dict[str, dict[str, tuple[str, object]]] = {
         "peak_1f1b_flat_in_m": ("true", lambda v: v is True),
         "speedup_best": (">= 1.75 (hethpc's best schedule / one rank)", lambda v: _ge(v, 1.75)),
         "hethpc_best_over_torch_best": (
-            ">= 1.1 (torch.distributed.pipelining's best schedule)", lambda v: _ge(v, 1.1)
+            ">= 1.1 (torch.distributed.pipelining's best schedule)",
+            lambda v: _ge(v, 1.1),
         ),
     },
     "bench_tta": {
         "goals.demo_time_ratio": (
-            "<= 0.6 (hethpc to BSP-0.5 pt / BSP time)", lambda v: v is not None and v <= 0.6
+            "<= 0.6 (hethpc to BSP-0.5 pt / BSP time)",
+            lambda v: v is not None and v <= 0.6,
         ),
         "goals.demo_acc_gap_points": (
-            "<= 0.5 (BSP - hethpc)", lambda v: v is not None and v <= 0.5
+            "<= 0.5 (BSP - hethpc)",
+            lambda v: v is not None and v <= 0.5,
         ),
         "goals.iid_3x_slowlink_selsync_dynamic_speedup": (">= 2.5", lambda v: _ge(v, 2.5)),
         "goals.iid_3x_shm_dynamic_speedup": (">= 1.8", lambda v: _ge(v, 1.8)),
         "goals.skew_selsync_acc_gap_points": (
-            "<= 1 (BSP - SelSync)", lambda v: v is not None and v <= 1
+            "<= 1 (BSP - SelSync)",
+            lambda v: v is not None and v <= 1,
         ),
         "goals.skew_selsync_sync_fraction": ("<= 0.3", lambda v: v is not None and v <= 0.3),
     },
@@ -128,7 +134,8 @@ GOALS["bench_evidence"] = {
     },
     **{
         f"iid_3x_slowlink_{m}_over_bsp": (
-            "<= 0.5 (at least 2x sooner; median of the seeds reaching it)", lambda v: _le(v, 0.5)
+            "<= 0.5 (at least 2x sooner; median of the seeds reaching it)",
+            lambda v: _le(v, 0.5),
         )
         for m in ("bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
     },
@@ -145,6 +152,42 @@ GOALS["bench_evidence"] = {
             lambda v: _le(v, 0.67),
         )
         for m in ("bsp", "bsp_dynamic", "fedavg_dynamic", "selsync_dynamic")
+    },
+}
+GOALS["bench_compression"] = {
+    "emulated_hethpc_powersgd4_fewer_bytes": (
+        ">= 4 (fp32 BSP's bytes per step / PowerSGD rank 4's, 200 Mbit/s emulated)",
+        lambda v: _ge(v, 4),
+    ),
+    "emulated_hethpc_powersgd4_step_vs_fp32": (
+        "<= 0.6 (PowerSGD rank 4's step / fp32 BSP's, 200 Mbit/s emulated)",
+        lambda v: _le(v, 0.6),
+    ),
+    "testbed_hethpc_powersgd4_over_ddp_powersgd4": (
+        "<= 0.9 (hethpc's PowerSGD step / DDP's powerSGD_hook step, testbed)",
+        lambda v: _le(v, 0.9),
+    ),
+    "testbed_hethpc_fp16_over_horovod_fp16": (
+        "<= 0.9 (hethpc's fp16 step / Horovod's Compression.fp16 step, testbed)",
+        lambda v: _le(v, 0.9),
+    ),
+    "acc_large_bsp_powersgd4_points_below_fp32": (
+        "<= 0.5 (points of test accuracy below fp32 BSP, large)",
+        lambda v: _le(v, 0.5),
+    ),
+    **{
+        f"acc_cnn1d_{m}_int8_points_below_fp32": (
+            f"<= 0.3 (points of test accuracy below fp32 {m})",
+            lambda v: _le(v, 0.3),
+        )
+        for m in ("selsync", "diloco")
+    },
+    **{
+        f"acc_cnn1d_{m}_int8_fewer_bytes": (
+            f">= 4 (fp32 {m}'s bytes / int8's)",
+            lambda v: _ge(v, 4),
+        )
+        for m in ("selsync", "diloco")
     },
 }
 GOALS["bench_dynbatch"].update(
@@ -263,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         "bench_tta=/tmp/tta.log@1900) as its result, without running anything; SECONDS: how "
         "long it ran (default: the result's own 'seconds')",
     )  # fmt: skip
-    p.add_argument("--render", action="store_true",
-                   help="only write RESULTS.md again from RESULTS.json and NOTES.md (no runs)")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="only write RESULTS.md again from RESULTS.json and NOTES.md (no runs)",
+    )
     args = p.parse_args(argv)
     if args.only is not None and not args.only:
         p.error("--only needs benchmark names, e.g. --only bench_loader bench_pipeline")

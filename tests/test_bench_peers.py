@@ -55,3 +55,16 @@ def test_wait_benchmark_times_hethpc_beside_a_blocking_allreduce_and_gloo() -> N
     for key in ("MPI_Allreduce", "hethpc_500us", "hethpc_50us", "gloo"):
         assert got["shm"][f"{key}_ms"] > 0 and got["shm"][f"{key}_cpu_ms"] >= 0, key
     assert len(got["per_rank"]["shm"]) == 2
+
+
+def test_compression_benchmark_prints_steps_bytes_and_accuracy() -> None:
+    got = _last_json(["benchmarks/bench_compression.py", "--quick", "--only", "emulated,accuracy",
+                      "--link", "10gbit", "--rounds", "1", "--steps", "1"])  # fmt: skip
+    # what each setting sent is counted by hethpc itself: fp16 halves it, PowerSGD far more
+    assert got["emulated_hethpc_none_fewer_bytes"] == 1.0
+    assert got["emulated_hethpc_fp16_fewer_bytes"] == 2.0
+    assert got["emulated_hethpc_powersgd4_fewer_bytes"] > 4
+    assert got["emulated_hethpc_powersgd4_step_ms"] > 0
+    assert len(got["detail"]["accuracy"]) == 10
+    assert 0 < got["acc_cnn1d_diloco_int8"] <= 1
+    assert got["acc_cnn1d_selsync_int8_fewer_bytes"] > 1

@@ -36,6 +36,8 @@ def _half_op(mpi: Any, dtype: torch.dtype, op: str) -> Any:
         }[op]
 
         def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            if not len(inoutbuf):  # MPI may combine empty pieces (a ring's, of few elements)
+                return
             combine(torch.frombuffer(inoutbuf, dtype=dtype), torch.frombuffer(inbuf, dtype=dtype))
 
         _half_ops[key] = mpi.Op.Create(apply, commute=True)

@@ -98,6 +98,10 @@ def init(*, transport: str | None = None) -> None:
 
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"
+        # Open MPI's nonblocking allreduce (hethpc's, in place) otherwise reduces to one rank
+        # and broadcasts back: the two directions of a link take turns; the ring uses both at
+        # once (scripts/openmpi_env.sh)
+        os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1")
     from mpi4py import MPI
 
     provided = MPI.Query_thread()
