@@ -4,6 +4,7 @@ the settings that choose it (the sum over ranks of one rank is its own gradient)
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -111,6 +112,52 @@ def test_error_feedback_drives_the_accumulated_error_to_zero() -> None:
     assert late < 0.02
     assert late < early / 3  # falling as 1/t
     assert relative_error(400, False) > 0.5
+
+
+def _summed_over(ranks: int) -> list:
+    """``ranks`` summing allreduces that meet in threads, one per virtual rank."""
+    barrier = threading.Barrier(ranks)
+    parts: list = [None] * ranks
+
+    def make(k: int):
+        def allreduce(flat: torch.Tensor, part: str) -> None:
+            parts[k] = flat.clone()
+            barrier.wait()
+            total = torch.stack(parts).sum(0)
+            barrier.wait()
+            flat.copy_(total)
+
+        return allreduce
+
+    return [make(k) for k in range(ranks)]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_error_feedback_adds_up_over_ranks(ranks: int) -> None:
+    """Each rank sends its own constant full-rank gradient, weighted 1 / ranks: the updates
+    add up to the mean gradient over the steps, as on one rank (each rank keeps only its share
+    of what the sum dropped; keeping all of it would feed the loss back ``ranks`` times)."""
+    grads = [torch.randn(24, 20, generator=torch.Generator().manual_seed(k)) for k in range(ranks)]
+    mean = torch.stack(grads).mean(0)
+    steps = 300
+    codecs = [PowerSGD(2, start_step=0) for _ in range(ranks)]
+    allreduces = _summed_over(ranks)
+    totals = [torch.zeros_like(mean) for _ in range(ranks)]
+
+    def run(k: int) -> None:
+        for _ in range(steps):
+            sent = [grads[k] / ranks]
+            codecs[k].reduce_(sent, allreduces[k], ranks)
+            totals[k] += sent[0]
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for total in totals:
+        torch.testing.assert_close(total, totals[0])  # every replica applies the same update
+    assert float((totals[0] - steps * mean).norm() / (steps * mean.norm())) < 0.02
 
 
 def test_the_first_steps_are_plain_allreduces() -> None:

@@ -230,7 +230,7 @@ def average_gradients_(
         def allreduce(flat: torch.Tensor, part: str) -> None:
             comm.allreduce_(flat, ReduceOp.SUM, group=group, name=f"{name}.powersgd.{part}")
 
-        wire = codec.reduce_(buffer.views, allreduce)
+        wire = codec.reduce_(buffer.views, allreduce, n)
         codec.tally.add(buffer.nbytes, wire)
         return wire
     if codec is not None and compressed:

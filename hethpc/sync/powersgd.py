@@ -131,11 +131,14 @@ class PowerSGD(Codec):
         return q
 
     @torch.no_grad()
-    def reduce_(self, grads: Sequence[torch.Tensor], allreduce: Allreduce) -> int:
+    def reduce_(self, grads: Sequence[torch.Tensor], allreduce: Allreduce, ranks: int = 1) -> int:
         """Replace ``grads`` (this rank's, weighted: their sum over ranks is the update) by
         their sum over ranks, low-rank where :meth:`plan` says; returns the bytes sent.
 
-        Two calls of ``allreduce`` (one before ``start_step``), the same on every rank.
+        Two calls of ``allreduce`` (one before ``start_step``), the same on every rank;
+        ``ranks``: how many ranks it sums over. Each rank keeps ``1 / ranks`` of what the sum
+        dropped (its part less that share of the projection), so the errors the ranks add to
+        their next gradients sum to exactly what this step's update lacked.
 
         Raises:
             ValueError: the gradients are not of one floating-point dtype.
@@ -173,7 +176,7 @@ class PowerSGD(Codec):
         _unpack_(second, qs)
         for i, m, p, q in zip(index, ms, ps, qs, strict=True):
             approx = p @ q.T
-            self.errors[i] = m - approx  # this rank's part the sum did not carry
+            self.errors[i] = m - approx / ranks  # its share of what the sum did not carry
             m.copy_(approx)
             self.qs[i] = q
         self.step += 1
