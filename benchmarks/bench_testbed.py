@@ -3,7 +3,7 @@ under a real CPU quota, and the demo's scenario run both ways.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed.py [--quick]
 
-Needs root on Linux (``hethpc.testbed``). Five parts, each printed as a table:
+Needs root on Linux (``hethpc.testbed``). Six parts, each printed as a table:
 
 1. **mechanisms**: a fixed loop under a quota of 1/2 and 1/3 of a core (its slowdown against
    the same loop on the uncapped head), and one 50 MB MPI message over a 200 Mbit/s link (its
@@ -27,6 +27,10 @@ Needs root on Linux (``hethpc.testbed``). Five parts, each printed as a table:
    cut by parameter count and by each rank's measured speed (``--pipeline-balance time``):
    the throughput of the second half of the steps, the speed cut over the parameter cut
    (goal: 1.3x, the median of the seeds).
+6. **pxd**: P = 2 x D = 2 (4 ranks, model ``large``), replica 1's two nodes at a third of
+   replica 0's CPU quota (0.2 of a core against 0.6): uniform batches against dynamic batching
+   across the replicas (each replica's share follows its measured speed), the throughput of the
+   second half of the steps (goal: 1.3x, the median of the seeds; the ideal is 2x).
 
 Runs of one part are interleaved in a random order (seeded) per seed; a uniform and a dynamic
 run of the same setting run side by side (the host's speed drifts over minutes). The last line is
@@ -73,12 +77,12 @@ def _spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{xs[0]:.3f}..{xs[-1]:.3f}]"
 
 
-def train(args: list[str], *, bed: Testbed | None, run_dir: Path) -> dict[str, Any]:
-    """One ``jobs/train.py`` run on 2 ranks (on the testbed when ``bed``); its figures."""
+def train(args: list[str], *, bed: Testbed | None, run_dir: Path, ranks: int = 2) -> dict[str, Any]:
+    """One ``jobs/train.py`` run on ``ranks`` ranks (on the testbed when ``bed``); its figures."""
     cmd = [
         MPIRUN,
         "-np",
-        "2",
+        str(ranks),
         PY,
         TRAIN,
         *args,
@@ -366,6 +370,47 @@ def pipeline_cut(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
     return {"runs": runs, "speedups": ratios, "speedup": _median(ratios)}
 
 
+# 2 x 2: replica 0 on nodes 0-1, replica 1 (world ranks 2-3) on nodes 2-3 at a third of their
+# speed; links unshaped (the slow replica, not the wire). 1.6 of the host's 2 cores in all.
+PXD_NODES = [{"cpu": 0.6}, {"cpu": 0.6}, {"cpu": 0.2}, {"cpu": 0.2}]
+# Global batch: large enough that a step's compute outweighs the replicas' gradient average
+# (17 MB per stage through TCP, which a node at 0.2 of a core also pays for in CPU time); at
+# 256 both runs were bound by it (1.02x).
+PXD_BATCH = 1024
+
+
+def pxd(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
+    """P = 2 x D = 2 (``--pipeline-stages 2`` on 4 ranks, model ``large``) with replica 1 on
+    nodes at a third of replica 0's quota: uniform against dynamic batches across the replicas,
+    interleaved per seed; samples/s of the second half of the steps."""
+    base = [
+        "--model", "large", "--samples", "8000", "--epochs", "100", "--max-steps", str(steps),
+        "--batch-size", str(PXD_BATCH), "--micro-batches", "8", "--optimizer", "adam",
+        "--lr", "0.0003", "--pipeline-stages", "2", "--eval-every", "0",
+    ]  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {"uniform": [], "dynamic": []}
+    for seed in seeds:
+        order = list(runs)
+        random.Random(400 + seed).shuffle(order)
+        for how in order:
+            with Testbed(PXD_NODES, name="bpxd") as bed:
+                run_dir = tmp / f"pxd-{how}"
+                r = train([*base, "--batching", how, "--seed", str(seed)], bed=bed,
+                          run_dir=run_dir, ranks=4)  # fmt: skip
+            recs = [json.loads(line) for line in (run_dir / "metrics" / "rank0.jsonl").open()]
+            times = [x["time"] for x in recs if x["kind"] == "step"]
+            half = times[len(times) // 2 :]
+            per_s = PXD_BATCH * (len(half) - 1) / (half[-1] - half[0])
+            out = {"seed": seed, "sizes": r["sizes"], "samples_per_s": per_s,
+                   "throttled": r["throttled"]}  # fmt: skip
+            runs[how].append(out)
+            print(f"  seed {seed} {how:7} batches: sizes {r['sizes']}, {per_s:.0f} samples/s",
+                  flush=True)  # fmt: skip
+    ratios = [d["samples_per_s"] / u["samples_per_s"]
+              for u, d in zip(runs["uniform"], runs["dynamic"], strict=True)]  # fmt: skip
+    return {"runs": runs, "speedups": ratios, "speedup": _median(ratios)}
+
+
 def figures(out: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of a result, flat (one row each in RESULTS.md)."""
     flat: dict[str, Any] = {}
@@ -381,6 +426,8 @@ def figures(out: dict[str, Any]) -> dict[str, Any]:
         flat[f"demo_{sync}_slow_share"] = f["slow_share"]
     if "pipeline" in out:
         flat["pipeline_time_cut_over_param_cut"] = round(out["pipeline"]["speedup"], 3)
+    if "pxd" in out:
+        flat["pxd_dynamic_over_uniform"] = round(out["pxd"]["speedup"], 3)
     for name, rs in out.get("peers", {}).items():
         rs = [r for r in rs if r["time_s"] is not None]
         flat[f"peers: {name}"] = {
@@ -398,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=6, help="epochs of the quota runs")
     p.add_argument("--batch", type=int, default=512, help="global batch of the quota runs")
-    p.add_argument("--only", default="mechanisms,quota,demo,peers,pipeline")
+    p.add_argument("--only", default="mechanisms,quota,demo,peers,pipeline,pxd")
     a = p.parse_args(argv)
     lack = missing()
     if lack:
@@ -449,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
             out["pipeline"] = pipeline_cut(seeds, tmp, 30 if a.quick else 120)
             print(f"time cut / parameter cut, samples/s: {_spread(out['pipeline']['speedups'])}")
+        if "pxd" in parts:
+            print("P = 2 x D = 2, replica 1 at a third of the speed: dynamic vs uniform batches",
+                  flush=True)  # fmt: skip
+            out["pxd"] = pxd(seeds, tmp, 30 if a.quick else 80)
+            print(f"dynamic / uniform, samples/s: {_spread(out['pxd']['speedups'])}")
     out["wall_s"] = time.time() - t0
     print(json.dumps({**figures(out), "detail": out}))
     return 0

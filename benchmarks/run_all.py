@@ -122,6 +122,10 @@ GOALS["bench_testbed"] = {
         ">= 1.3x (a 2-stage pipeline, stage 1 at half a core: cut by speed over by parameters)",
         lambda v: _ge(v, 1.3),
     ),
+    "pxd_dynamic_over_uniform": (
+        ">= 1.3x (P = 2 x D = 2, one replica at a third of the speed: dynamic over uniform)",
+        lambda v: _ge(v, 1.3),
+    ),
 }
 # The evidence protocol (docs/evaluation.md): medians over 5 seeds against BSP tuned alike.
 GOALS["bench_evidence"] = {
