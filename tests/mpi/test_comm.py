@@ -93,6 +93,14 @@ def test_allreduce_of_16_bit_floats_fewer_than_the_ranks(
     assert torch.equal(x, torch.full((numel,), n * (n + 1) / 2, dtype=dtype))
 
 
+def test_the_nonblocking_allreduce_is_the_ring(world: tuple[int, int]) -> None:
+    # set by scripts/mpirun.sh, or by comm.init() before MPI starts; Open MPI's default for an
+    # in-place buffer is a reduce and a broadcast, one direction of a link at a time
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        pytest.skip("Open MPI's setting")
+    assert os.environ.get("OMPI_MCA_coll_libnbc_iallreduce_algorithm") == "1"
+
+
 def test_allreduce_prescale(world: tuple[int, int]) -> None:
     r, n = world
     x = torch.tensor([float(r + 1)], dtype=torch.float64)
