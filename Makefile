@@ -51,7 +51,7 @@ lint: setup
 	$(PY) -m ruff check hethpc jobs data_tools benchmarks tests
 	$(PY) -m mypy
 
-## docs/settings.md, the reference of every setting, from hethpc/train/settings/config.py.
+## docs/settings.md, the reference of every setting, from hethpc/train/settings/fields.py.
 docs: setup
 	$(PY) -c "from hethpc.train.settings.doc import settings_markdown as m; print(m(), end='')" \
 	    > docs/settings.md

@@ -29,7 +29,7 @@ change what is trained, so `--resume` accepts a new value; change any other with
 `--resume-changes NAME,...`. In `hethpc.fit` the data and the model are arguments, so
 {fit} are the command line's only.
 
-Generated from `hethpc/train/settings/config.py` by `make docs`; a test fails when it is stale."""
+Generated from `hethpc/train/settings/fields.py` by `make docs`; a test fails when it is stale."""
 
 
 def _cell(text: str) -> str:

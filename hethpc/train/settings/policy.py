@@ -13,7 +13,7 @@ from hethpc.sync.factory import policy_class
 from hethpc.sync.traits import Traits
 
 if TYPE_CHECKING:
-    from hethpc.train.settings.config import TrainConfig
+    from hethpc.train.settings.fields import Settings
 
 # SelSync on non-IID partitions: at most this many local steps between syncs (auto).
 # Measured with bench_tta on skew_slowlink (2 ranks, 6 of 10 labels each), BSP 95.33 %:
@@ -28,20 +28,20 @@ NON_IID_MAX_LOCAL_STEPS = 3
 NON_IID_PARTITIONS = ("labels", "dirichlet", "site")
 
 
-def non_iid(cfg: TrainConfig) -> bool:
+def non_iid(cfg: Settings) -> bool:
     """Whether ``cfg``'s partition gives ranks data of different distributions
     (:data:`NON_IID_PARTITIONS`), where the auto settings guard each rank's own data."""
     return cfg.partition in NON_IID_PARTITIONS
 
 
-def staleness_bound(cfg: TrainConfig) -> int | None:
+def staleness_bound(cfg: Settings) -> int | None:
     """SelSync's bound on local steps in a row: ``max_local_steps`` with -1 resolved."""
     if cfg.max_local_steps == -1:
         return NON_IID_MAX_LOCAL_STEPS if non_iid(cfg) else None
     return cfg.max_local_steps or None
 
 
-def policy_settings(cfg: TrainConfig) -> dict[str, Any]:
+def policy_settings(cfg: Settings) -> dict[str, Any]:
     """The keywords of its own that ``cfg``'s policy is built with (those its class names in
     ``settings``), auto values resolved."""
     offered = {
@@ -56,14 +56,14 @@ def policy_settings(cfg: TrainConfig) -> dict[str, Any]:
     return {key: offered[key] for key in policy_class(cfg.sync).settings}
 
 
-def policy_traits(cfg: TrainConfig) -> Traits:
+def policy_traits(cfg: Settings) -> Traits:
     """What ``cfg``'s policy is, with its settings (SelSync's aggregation)."""
     policy = policy_class(cfg.sync)
     settings = policy_settings(cfg)
     return policy.traits(**{key: settings[key] for key in policy.trait_settings})
 
 
-def policy_named(cfg: TrainConfig) -> str:
+def policy_named(cfg: Settings) -> str:
     """The policy as error messages name it, with the settings that change its traits
     (``sync selsync with aggregation grads``)."""
     settings = policy_settings(cfg)
@@ -71,7 +71,7 @@ def policy_named(cfg: TrainConfig) -> str:
     return f"sync {cfg.sync}" + "".join(f" with {key} {settings[key]}" for key in changes)
 
 
-def rebalances(cfg: TrainConfig) -> bool:
+def rebalances(cfg: Settings) -> bool:
     """Whether the batches are rebalanced across a non-IID partition: ``rebalance`` with
     auto resolved (on for unequal batches when the policy averages gradients: bsp, or selsync
     with aggregation grads; never with pipeline stages); off on IID data."""
@@ -86,7 +86,7 @@ def rebalances(cfg: TrainConfig) -> bool:
     return skewed and unequal and cfg.pipeline_stages == 1 and policy_traits(cfg).averages_gradients
 
 
-def corrects_drift(cfg: TrainConfig) -> bool:
+def corrects_drift(cfg: Settings) -> bool:
     """Whether the policy corrects the drift of local steps: ``drift_correction`` with auto
     resolved (on for non-IID partitions), for policies that average parameters (not bsp,
     ssp, selsync with aggregation grads)."""
@@ -94,7 +94,7 @@ def corrects_drift(cfg: TrainConfig) -> bool:
     return on and policy_traits(cfg).averages_parameters
 
 
-def averages_optimizer_state(cfg: TrainConfig) -> bool:
+def averages_optimizer_state(cfg: Settings) -> bool:
     """Whether parameter averages take the optimizer's state along: ``average_optimizer_state``
     with auto resolved, for policies that average parameters during training (selsync with
     aggregation params, fedavg). Auto is on for non-IID partitions, unless the ranks take

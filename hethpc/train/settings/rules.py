@@ -17,7 +17,7 @@ from hethpc.train.errors import ConfigError
 from hethpc.train.settings.policy import policy_named, policy_traits
 
 if TYPE_CHECKING:
-    from hethpc.train.settings.config import TrainConfig
+    from hethpc.train.settings.fields import Settings
 
 _EXPECTED = {
     "bool": "true or false (a TOML boolean, not a string)",
@@ -49,7 +49,7 @@ def check_type(name: str, value: Any, kind: str) -> Any:
     return float(value) if kind == "float" else value
 
 
-def validate(cfg: TrainConfig) -> None:
+def validate(cfg: Settings) -> None:
     """Coerce each setting of ``cfg`` to its type (in place) and check the rules between them.
 
     Raises:
@@ -228,7 +228,7 @@ def validate(cfg: TrainConfig) -> None:
         )
 
 
-def _check_optimisation(cfg: TrainConfig) -> None:
+def _check_optimisation(cfg: Settings) -> None:
     """``decay_norms_biases`` with adamw only; ``accumulate`` and ``clip_grad_norm`` where
     they are built (not on pipeline stages)."""
     if cfg.decay_norms_biases and cfg.optimizer != "adamw":
@@ -284,7 +284,7 @@ def _check_optimisation(cfg: TrainConfig) -> None:
         )
 
 
-def _check_compression(cfg: TrainConfig) -> None:
+def _check_compression(cfg: Settings) -> None:
     """``compression``: a codec's name that the policy can send with (powersgd: BSP without
     overlap)."""
     try:
@@ -306,7 +306,7 @@ def _check_compression(cfg: TrainConfig) -> None:
         )
 
 
-def _check_weights(cfg: TrainConfig) -> None:
+def _check_weights(cfg: Settings) -> None:
     """``weights``: comma-separated finite positive numbers, and a batching mode that uses
     them (static: fixed; dynamic: the first split). Their count is checked against the
     data-parallel ranks when the job starts."""
