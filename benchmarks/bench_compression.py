@@ -72,9 +72,9 @@ PEERS = [("ddp none", "ddp", "none"), ("ddp fp16", "ddp", "fp16"),
          ("horovod fp16", "horovod", "fp16")]  # fmt: skip
 # The large MLP learns MNIST-1D with Adam (SGD at lr 0.05 leaves it at chance), at the step
 # parts' global batch.
-LARGE = {"sync": "bsp", "optimizer": "adam", "lr": 3e-4, "batch_size": 32}
+LARGE: dict[str, Any] = {"sync": "bsp", "optimizer": "adam", "lr": 3e-4, "batch_size": 32}
 # (name, model, epochs, TrainConfig fields) of the accuracy part
-ACCURACY = [
+ACCURACY: list[tuple[str, str, int, dict[str, Any]]] = [
     ("cnn1d bsp none", "cnn1d", 6, {"sync": "bsp"}),
     ("cnn1d bsp fp16", "cnn1d", 6, {"sync": "bsp", "compression": "fp16"}),
     ("cnn1d bsp bf16", "cnn1d", 6, {"sync": "bsp", "compression": "bf16"}),

@@ -190,9 +190,6 @@ class Loop:
         return time.perf_counter() - t0
 
 
-POWERSGD_START = DEFAULT_START_STEP  # DDP's plain allreduces first, as many as hethpc's
-
-
 def ddp_compression(ddp: nn.parallel.DistributedDataParallel, compression: str) -> None:
     """Register DDP's comm hook for ``compression`` (``fp16``, ``bf16``, ``powersgd:RANK``)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -205,7 +202,7 @@ def ddp_compression(ddp: nn.parallel.DistributedDataParallel, compression: str) 
     elif name == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=int(rank or 4),
-            start_powerSGD_iter=POWERSGD_START,
+            start_powerSGD_iter=DEFAULT_START_STEP,  # plain steps first, as many as hethpc's
         )  # fmt: skip
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif name != "none":
@@ -360,6 +357,7 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
     tx = transports(loops["hethpc"].model, reps=6 if args.quick else 20)
     nbytes = 4 * sum(p.numel() for p in loops["hethpc"].model.parameters())
     fastest = min(v for k, v in tx.items() if k != "hethpc")
+    gb_per_s = {k: round(nbytes / v / 1e6, 3) for k, v in tx.items()}
     big = {
         "step_ms": {k: round(1e3 * v, 2) for k, v in med.items()},
         "hethpc_vs_horovod": round(ratios(times, "hethpc", "horovod"), 4),
@@ -368,7 +366,7 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
         "job_vs_horovod": round(med["job"] / med["horovod"], 4),
         "job_vs_ddp": round(med["job"] / med["ddp"], 4),
         "allreduce_ms": {k: round(v, 2) for k, v in tx.items()},
-        "allreduce_gb_per_s": {k: round(nbytes / v / 1e6, 3) for k, v in tx.items()},
+        "allreduce_gb_per_s": gb_per_s,
         "allreduce_vs_fastest": round(fastest / tx["hethpc"], 4),
     }
     say("  median step: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in med.items()))
@@ -378,8 +376,8 @@ def measure(args: argparse.Namespace, new_dir: Callable[[str], str]) -> None:
     )
     say(
         "  allreduce of the gradient bytes: "
-        + "  ".join(f"{k} {v:.1f} ms ({big['allreduce_gb_per_s'][k]} GB/s)" for k, v in tx.items())
-    )  # type: ignore[index]
+        + "  ".join(f"{k} {v:.1f} ms ({gb_per_s[k]} GB/s)" for k, v in tx.items())
+    )
     say(f"  hethpc's throughput / the fastest other: {big['allreduce_vs_fastest']} (goal >= 0.9)")
     say(f"  overlap/hethpc {big['overlap_vs_hethpc']} (buckets during backward / after it)")
     out["large"] = big

@@ -335,6 +335,15 @@ def peers(seeds: list[int], tmp: Path) -> dict[str, Any]:
     return runs
 
 
+def second_half_rate(run_dir: Path, *, rank: int, batch: int) -> float:
+    """Samples per second over the second half of a run's steps, from ``rank``'s step records
+    (every rank of a pipeline steps together)."""
+    recs = [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").open()]
+    times = [r["time"] for r in recs if r["kind"] == "step"]
+    half = times[len(times) // 2 :]
+    return batch * (len(half) - 1) / (half[-1] - half[0])
+
+
 PIPE_NODES = [{"cpu": 1.0}, {"cpu": 0.5}]  # links unshaped: the slow stage, not the wire
 
 
@@ -357,10 +366,7 @@ def pipeline_cut(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
                 train([*base, "--pipeline-balance", how, "--seed", str(seed)], bed=bed,
                       run_dir=run_dir)  # fmt: skip
             summary = json.loads((run_dir / "summary.json").read_text())
-            recs = [json.loads(line) for line in (run_dir / "metrics" / "rank1.jsonl").open()]
-            times = [r["time"] for r in recs if r["kind"] == "step"]
-            half = times[len(times) // 2 :]
-            per_s = 256 * (len(half) - 1) / (half[-1] - half[0])
+            per_s = second_half_rate(run_dir, rank=1, batch=256)
             r = {"seed": seed, "balance": summary["balance"], "samples_per_s": per_s}
             runs[how].append(r)
             print(f"  seed {seed} cut by {how:6}: balance {r['balance']}, {per_s:.0f} "
@@ -397,10 +403,7 @@ def pxd(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
                 run_dir = tmp / f"pxd-{how}"
                 r = train([*base, "--batching", how, "--seed", str(seed)], bed=bed,
                           run_dir=run_dir, ranks=4)  # fmt: skip
-            recs = [json.loads(line) for line in (run_dir / "metrics" / "rank0.jsonl").open()]
-            times = [x["time"] for x in recs if x["kind"] == "step"]
-            half = times[len(times) // 2 :]
-            per_s = PXD_BATCH * (len(half) - 1) / (half[-1] - half[0])
+            per_s = second_half_rate(run_dir, rank=0, batch=PXD_BATCH)
             out = {"seed": seed, "sizes": r["sizes"], "samples_per_s": per_s,
                    "throttled": r["throttled"]}  # fmt: skip
             runs[how].append(out)
