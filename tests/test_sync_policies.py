@@ -11,6 +11,7 @@ from torch import nn
 
 from hethpc.sync import BSP, FedAvg, LocalOnly, SelSync, SyncError, SyncPolicy, make_policy
 from hethpc.sync.averaging import optimizer_state_tensors
+from hethpc.sync.drift import DriftCorrection
 
 
 def _model() -> nn.Module:
@@ -272,3 +273,24 @@ def test_optimizer_state_tensors_are_the_per_parameter_moments() -> None:
 def test_optimizer_state_averaging_needs_parameter_averages(make: Any) -> None:
     with pytest.raises(ValueError, match="averaging the optimizer state"):
         make()
+
+
+def test_for_other_parameters_keeps_the_counters_and_starts_the_rest_afresh() -> None:
+    # A pipeline stage that holds other layers after a re-cut: SelSync's tracker and the
+    # drift corrections were about the old layers; its counts and bound carry on.
+    scales = [1.0, 1.1, 0.9, 1.0, 3.0, 3.2]
+    first = SelSync(threshold=0.3, window=2, max_local_steps=3, drift=DriftCorrection())
+    _run(first, scales)
+    saved = first.state_dict()
+    assert saved["tracker"]["count"] > 0 and saved["drift"]["steps"] + saved["step"] > 0
+    fresh = SelSync(threshold=0.3, window=2, max_local_steps=3, drift=DriftCorrection())
+    moved = fresh.for_other_parameters(saved)
+    assert moved["step"] == saved["step"] == len(scales)
+    assert (moved["synced"], moved["forced_syncs"]) == (saved["synced"], saved["forced_syncs"])
+    assert moved["tracker"] == SelSync(threshold=0.3, window=2, max_local_steps=3).state_dict()[
+        "tracker"
+    ]
+    assert moved["drift"]["drift"] is None and moved["drift"]["steps"] == 0
+    fresh.load_state_dict(moved)  # loads, and goes on counting from the saved step
+    _run(fresh, [1.0])
+    assert fresh.records[-1].step == len(scales)

@@ -351,17 +351,35 @@ def test_steps_that_stay_nonfinite_stop_the_job(cache: Path, tmp_path: Path) -> 
     assert "Traceback" not in out, out
 
 
+def _whole_model(state: dict) -> dict[str, torch.Tensor]:
+    """A 2-stage pipeline checkpoint's stages joined into the whole model's state dict, by
+    the cut it was saved under (stage 1 keys its layers from 0)."""
+    first = state["cut"][0]
+    out = {}
+    for stage in (0, 1):
+        for k, v in state["ranks"][stage]["model"].items():
+            layer, rest = k.split(".", 1)
+            out[f"{int(layer) + first * stage}.{rest}"] = v
+    return out
+
+
+_PIPELINE_ARGS = [
+    "--samples", "2000", "--batch-size", "32", "--model", "large", "--epochs", "1",
+    "--max-steps", "40", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "4",
+    "--progress", "false", "--eval-every", "0", "--pipeline-stages", "2",
+    "--checkpoint-every", "10",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("balance", ["params", "time"])
 def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(
     cache: Path, tmp_path: Path, balance: str
 ) -> None:
     # P=2 stages on 2 ranks, SelSync's decisions over the stage groups, checkpoints every 10.
-    # Cut by time, the resumed run keeps the first run's cut (the stages' checkpoints need it).
+    # Cut by time, the resumed run keeps its cut unless the speeds measured at the resume
+    # call for another (the stages then move to it); the model is the same either way.
     argv = [
-        "--samples", "2000", "--batch-size", "32", "--model", "large", "--epochs", "1",
-        "--max-steps", "40", "--optimizer", "adam", "--lr", "0.0003", "--micro-batches", "4",
-        "--cache-dir", str(cache), "--progress", "false", "--eval-every", "0",
-        "--pipeline-stages", "2", "--checkpoint-every", "10", "--sync", "selsync",
+        *_PIPELINE_ARGS, "--cache-dir", str(cache), "--sync", "selsync",
         "--pipeline-balance", balance,
     ]  # fmt: skip
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -378,17 +396,59 @@ def test_pipeline_checkpoint_kill_and_resume_is_bit_identical(
     want = CheckpointManager(full / "checkpoints").load_latest()[1]  # type: ignore[index]
     got = CheckpointManager(killed / "checkpoints").load_latest()[1]  # type: ignore[index]
     assert want["step"] == got["step"] == 40
-    # whatever the timing at the resume, it took the first cut (the checkpoints hold its stages)
-    assert json.loads((killed / "pipeline_cut.json").read_text()) == cut
-    full_cut = json.loads((full / "pipeline_cut.json").read_text())["balance"]
-    for r in (0, 1) if full_cut == cut["balance"] else ():  # each rank's own stage, bit for bit
-        for k, v in want["ranks"][r]["model"].items():
-            assert torch.equal(v, got["ranks"][r]["model"][k]), (r, k)
+    summary = json.loads((killed / "summary.json").read_text())
+    if balance == "params":  # the same cut again, no re-cut
+        assert json.loads((killed / "pipeline_cut.json").read_text()) == cut
+        assert "re-cut" not in out and summary["recut_from"] is None, out
+    assert got["cut"] == summary["balance"]
+    assert (summary["recut_from"] is not None) == ("pipeline re-cut" in out), out
+    whole_want, whole_got = _whole_model(want), _whole_model(got)
+    assert whole_want.keys() == whole_got.keys()
+    for k, v in whole_want.items():  # the whole model, bit for bit, whatever the cuts
+        assert torch.equal(v, whole_got[k]), k
     last = [m for m in read_metrics(killed / "metrics" / "rank1.jsonl") if m["kind"] == "step"]
     assert all(m["loss"] is not None for m in last)  # the last stage holds the loss
-    summary = json.loads((killed / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["final_loss"] < summary["first_loss"], summary
-    assert summary["balance"] == cut["balance"]
+
+
+def test_pipeline_resume_recut_moves_the_stages_and_trains_on_exactly(
+    cache: Path, tmp_path: Path
+) -> None:
+    # Cut by parameters ([12, 14] for `large`: its first Linear is small), killed at step 25,
+    # resumed cut by time: the time cut differs ([14, 12]: the last stage also runs the
+    # loss), each rank's layers, Adam moments and step move to the rank that now holds them,
+    # and the last 20 steps give the uninterrupted run's model bit for bit.
+    argv = [*_PIPELINE_ARGS, "--cache-dir", str(cache), "--pipeline-balance", "params"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc, _ = _launch([*argv, "--run-dir", str(full)], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, _ = _launch([*argv, "--run-dir", str(killed), "--fault", "0:25:kill"], timeout=180)
+    assert proc.returncode != 0
+    params_cut = json.loads((killed / "pipeline_cut.json").read_text())["balance"]
+    resume = [*argv, "--run-dir", str(killed), "--resume", "--pipeline-balance", "time"]
+    proc, _ = _launch(resume, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "--resume-changes pipeline_balance" in out, out
+    proc, _ = _launch([*resume, "--resume-changes", "pipeline_balance"], timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "resumed from step 20" in out, out
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["recut_from"] == params_cut != summary["balance"], summary
+    assert f"pipeline re-cut: layers per chunk {params_cut} -> {summary['balance']}" in out, out
+    assert json.loads((killed / "pipeline_cut.json").read_text()) == {
+        "balance": summary["balance"], "by": "time",
+    }  # fmt: skip
+    want = CheckpointManager(full / "checkpoints").load_latest()[1]  # type: ignore[index]
+    got = CheckpointManager(killed / "checkpoints").load_latest()[1]  # type: ignore[index]
+    assert want["step"] == got["step"] == 40 and got["cut"] == summary["balance"]
+    whole_want, whole_got = _whole_model(want), _whole_model(got)
+    assert whole_want.keys() == whole_got.keys()
+    for k, v in whole_want.items():
+        assert torch.equal(v, whole_got[k]), k
+    for stage in (0, 1):  # Adam's state moved too: one moment per parameter tensor
+        moved = got["ranks"][stage]["optimizer"]["state"]
+        held = got["ranks"][stage]["model"]
+        assert len(moved) == sum(1 for k in held if k.endswith((".weight", ".bias")))
 
 
 def test_pipeline_replicas_get_batches_by_their_speed(cache: Path, tmp_path: Path) -> None:

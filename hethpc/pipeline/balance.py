@@ -218,3 +218,56 @@ def split_model(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequent
         out.append(nn.Sequential(*layers[start : start + count]))
         start += count
     return out
+
+
+def chunk_costs(
+    costs: Sequence[Sequence[float]],
+    balance: Sequence[int],
+    *,
+    first_costs: Sequence[float] | None = None,
+    last_extra: float = 0.0,
+) -> list[float]:
+    """Each chunk's cost under ``balance``, counted as :func:`balance_chunks` counts it
+    (``costs[k]`` is what each layer costs on chunk ``k``'s ranks).
+
+    Raises:
+        BalanceError: ``balance`` does not cover the layers, or has another number of chunks
+            than ``costs``.
+    """
+    balance = partition_by_counts(len(costs[0]) if costs else 0, balance)
+    if len(balance) != len(costs):
+        raise BalanceError(
+            f"balance {list(balance)} has {len(balance)} chunks but there are {len(costs)} "
+            "cost vectors; give one per chunk"
+        )
+    out, start = [], 0
+    for k, count in enumerate(balance):
+        c = costs[k] if k or first_costs is None else first_costs
+        out.append(float(sum(c[start : start + count])))
+        start += count
+    out[-1] += float(last_extra)
+    return out
+
+
+def stage_module(
+    model: nn.Sequential, balance: Sequence[int], placement: Sequence[int], stage: int
+) -> nn.Module:
+    """The layers stage ``stage`` holds, sharing ``model``'s, keyed as the pipeline keys its
+    stage (:attr:`~hethpc.pipeline.pipe.Pipe.module`): its chunk's ``nn.Sequential``, or, when
+    ``placement`` puts two chunks on the stage (a V), an ``nn.ModuleList`` of them in chunk
+    order.
+
+    Raises:
+        BalanceError: ``balance`` does not cover the model's layers, or ``placement`` does not
+            name a stage for each chunk, or none for ``stage``.
+    """
+    parts = split_model(model, balance)
+    if len(placement) != len(parts):
+        raise BalanceError(
+            f"placement {list(placement)} names {len(placement)} chunks but balance "
+            f"{list(balance)} cuts {len(parts)}; give one stage per chunk"
+        )
+    mine = [parts[c] for c, s in enumerate(placement) if s == stage]
+    if not mine:
+        raise BalanceError(f"placement {list(placement)} gives stage {stage} no chunk")
+    return mine[0] if len(mine) == 1 else nn.ModuleList(mine)

@@ -11,7 +11,7 @@ from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import PipelineGroups, make_pipeline_groups
 from hethpc.pipeline.pipe import Pipeline, default_device
-from hethpc.pipeline.profile import partition_by_speed
+from hethpc.pipeline.profile import SpeedCosts, measure_speeds
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.pipeline.stage import LossFn
 
@@ -110,16 +110,38 @@ def choose_balance(
     if balance is None or balance == "params":
         return tuple(partition_by_params(model, parts))
     if balance == "time":
-        if sample is None:
-            raise PipelineError(
-                'balance="time" times the layers on a sample batch; pass sample=(x, y)'
-            )
-        dev = torch.device(device) if device is not None else default_device()
-        rows = max(1, sample[0].shape[0] // micro_batches)
-        placement = v_chunks(stages) if schedule in V_SCHEDULES else list(range(stages))
-        assert len(placement) == parts
-        return partition_by_speed(
-            model, placement, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
-            loss_fn=loss_fn,
-        )  # fmt: skip
+        return speed_costs(
+            model, stages=stages, schedule=schedule, micro_batches=micro_batches, sample=sample,
+            loss_fn=loss_fn, device=device,
+        ).balance()  # fmt: skip
     raise PipelineError(f"balance must be 'params', 'time' or layers per stage, got {balance!r}")
+
+
+def speed_costs(
+    model: nn.Sequential,
+    *,
+    stages: int,
+    schedule: str,
+    micro_batches: int = 1,
+    sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+) -> SpeedCosts:
+    """Each layer's measured cost on each chunk's ranks, on one micro-batch of ``sample`` (a
+    collective over the world: :func:`~hethpc.pipeline.profile.measure_speeds`); what
+    ``balance="time"`` cuts by, and what a resumed run weighs its saved cut with.
+
+    Raises:
+        PipelineError: no ``sample``.
+    """
+    if sample is None:
+        raise PipelineError('balance="time" times the layers on a sample batch; pass sample=(x, y)')
+    dev = torch.device(device) if device is not None else default_device()
+    rows = max(1, sample[0].shape[0] // micro_batches)
+    parts = stages * chunks_per_stage(schedule)
+    placement = v_chunks(stages) if schedule in V_SCHEDULES else list(range(stages))
+    assert len(placement) == parts
+    return measure_speeds(
+        model, placement, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
+        loss_fn=loss_fn,
+    )  # fmt: skip

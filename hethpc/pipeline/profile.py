@@ -24,7 +24,7 @@ from torch import nn
 
 from hethpc import comm
 from hethpc.comm import Group
-from hethpc.pipeline.balance import balance_chunks, balance_costs, stage_costs
+from hethpc.pipeline.balance import balance_chunks, balance_costs, chunk_costs, stage_costs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -139,6 +139,73 @@ def partition_by_time(
     return profile.balance(stages)
 
 
+@dataclass(frozen=True)
+class SpeedCosts:
+    """Each layer's cost on the ranks of each chunk (the slowest of them), as
+    :func:`measure_speeds` gathered them: what :func:`partition_by_speed` balances.
+
+    Attributes:
+        costs: per chunk, each layer's seconds on that chunk's slowest rank.
+        first: each layer's seconds as in chunk 0 (no input gradient).
+        last: the loss's seconds on the last chunk's slowest rank.
+        holds: which layers hold trainable parameters.
+    """
+
+    costs: tuple[tuple[float, ...], ...]
+    first: tuple[float, ...]
+    last: float
+    holds: tuple[bool, ...]
+
+    def balance(self) -> tuple[int, ...]:
+        """The layers per chunk minimising the slowest chunk (earliest cuts on ties)."""
+        return balance_chunks(
+            self.costs, first_costs=self.first, last_extra=self.last, holds=self.holds or None
+        )
+
+    def slowest(self, balance: Sequence[int]) -> float:
+        """The slowest chunk's seconds per micro-batch under ``balance``, at these speeds."""
+        return max(chunk_costs(self.costs, balance, first_costs=self.first, last_extra=self.last))
+
+
+def measure_speeds(
+    model: nn.Sequential,
+    placement: Sequence[int],
+    sample: torch.Tensor,
+    *,
+    target: torch.Tensor | None = None,
+    loss_fn: LossFn | None = None,
+    repeats: int = 5,
+) -> SpeedCosts:
+    """Every world rank profiles every layer on itself (at once, each on its own device); the
+    profiles are gathered, and chunk ``c`` is costed by the slowest of the ranks that run it
+    (stage ``placement[c]`` of every replica: world ranks ``d * P + placement[c]``). All world
+    ranks call this and get the same costs.
+
+    Args:
+        model: the layers, on this rank's device.
+        placement: the stage of each chunk, in chunk order (``range(P)``, or a V's).
+        sample: one micro-batch of input, on this rank's device.
+        target, loss_fn, repeats: as in :func:`profile_layers`.
+    """
+    mine = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
+    if sample.device.type == "cpu":  # a CPU quota stalls a rank now and then: count the stalls
+        mine = _stretched(mine, _stall_factor(model, sample))
+    profiles: list[LayerProfile] = comm.allgather_object(mine)
+    stages = max(placement) + 1
+    replicas = max(1, len(profiles) // stages)
+
+    def slowest(values: Callable[[LayerProfile], Sequence[float]], stage: int) -> tuple[float, ...]:
+        ranks = [profiles[d * stages + stage] for d in range(replicas)]
+        return tuple(max(v) for v in zip(*(values(p) for p in ranks), strict=True))
+
+    return SpeedCosts(
+        costs=tuple(slowest(lambda p: p.layer_s, s) for s in placement),
+        first=slowest(lambda p: p.first_stage_s, placement[0]),
+        last=max(profiles[d * stages + placement[-1]].loss_s for d in range(replicas)),
+        holds=mine.trainable,
+    )
+
+
 def partition_by_speed(
     model: nn.Sequential,
     placement: Sequence[int],
@@ -149,35 +216,15 @@ def partition_by_speed(
     repeats: int = 5,
 ) -> tuple[int, ...]:
     """Balance chunks by the time each layer takes on the rank that will run it, so that a
-    slower rank gets less work: every world rank profiles every layer on itself (at once, each
-    on its own device), the profiles are gathered, and chunk ``c`` is costed by the slowest of
-    the ranks that run it (stage ``placement[c]`` of every replica: world ranks
-    ``d * P + placement[c]``). All world ranks call this and get the same balance.
-
-    Args:
-        model: the layers, on this rank's device.
-        placement: the stage of each chunk, in chunk order (``range(P)``, or a V's).
-        sample: one micro-batch of input, on this rank's device.
-        target, loss_fn, repeats: as in :func:`profile_layers`.
+    slower rank gets less work (:func:`measure_speeds`, then :meth:`SpeedCosts.balance`). All
+    world ranks call this and get the same balance.
 
     Raises:
         BalanceError: more chunks than layers.
     """
-    mine = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
-    if sample.device.type == "cpu":  # a CPU quota stalls a rank now and then: count the stalls
-        mine = _stretched(mine, _stall_factor(model, sample))
-    profiles: list[LayerProfile] = comm.allgather_object(mine)
-    stages = max(placement) + 1
-    replicas = max(1, len(profiles) // stages)
-
-    def slowest(values: Callable[[LayerProfile], Sequence[float]], stage: int) -> list[float]:
-        ranks = [profiles[d * stages + stage] for d in range(replicas)]
-        return [max(v) for v in zip(*(values(p) for p in ranks), strict=True)]
-
-    costs = [slowest(lambda p: p.layer_s, s) for s in placement]
-    first = slowest(lambda p: p.first_stage_s, placement[0])
-    last = max(profiles[d * stages + placement[-1]].loss_s for d in range(replicas))
-    return balance_chunks(costs, first_costs=first, last_extra=last, holds=mine.trainable or None)
+    return measure_speeds(
+        model, placement, sample, target=target, loss_fn=loss_fn, repeats=repeats
+    ).balance()
 
 
 #: How long :func:`_stall_factor` runs whole passes: several periods of a CFS quota (100 ms).

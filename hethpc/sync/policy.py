@@ -112,6 +112,9 @@ class SyncPolicy(abc.ABC):
     exchange: ClassVar[str] = "averages parameters"
     # The compressions (names in hethpc.sync.codecs.COMPRESSIONS) it can send with.
     compressions: ClassVar[tuple[str, ...]] = ("none", "fp16", "bf16", "int8")
+    #: the :meth:`state_dict` entries that belong to the parameters this rank holds (see
+    #: :meth:`for_other_parameters`)
+    parameter_state: ClassVar[tuple[str, ...]] = ("drift", "codec", "reference")
 
     def __init__(
         self,
@@ -464,6 +467,14 @@ class SyncPolicy(abc.ABC):
             "codec": self.codec.state_dict(),
             "reference": self._reference,
         }
+
+    def for_other_parameters(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (a :meth:`state_dict`) with what belongs to the parameters it was saved
+        for (:attr:`parameter_state`: drift corrections, compression residuals, the reference
+        copy, ...) replaced by this fresh policy's own; counters and decisions kept. For a
+        pipeline stage that holds other layers after a re-cut: those parts start afresh."""
+        fresh = self.state_dict()
+        return {**state, **{k: fresh[k] for k in self.parameter_state if k in fresh}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.

@@ -71,6 +71,8 @@ class SelSync(SyncPolicy):
     settings = ("threshold", "window", "aggregation", "max_local_steps")
     trait_settings = ("aggregation",)
     decides_by_norm = True  # the class's other traits are those of aggregation "params"
+    # the tracker follows the norm of this rank's gradients: other layers, another norm
+    parameter_state = (*SyncPolicy.parameter_state, "tracker")
 
     @classmethod
     def traits(cls, *, aggregation: str = "params", **settings: Any) -> Traits:

@@ -37,6 +37,14 @@ class DataParallel:
         # keep None, so that the optimizer leaves it alone.
         self.zero_in_place = False
         self.takes_loss_scale = True  # compute() scales the loss by the policy's weight
+        self.balance: tuple[int, ...] | None = None  # the whole model on every rank
+
+    def adopt_checkpoint(
+        self, state: dict[str, Any], make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    ) -> str:
+        """Nothing to fit: every rank holds the whole model (the world size is handled by the
+        checkpoint's restore)."""
+        return ""
 
     def describe(self) -> str:
         return f"{comm.size()} rank(s), data-parallel on {describe_device(self.device)}"

@@ -46,12 +46,26 @@ class Engine(Protocol):
     zero_in_place: bool
 
     @property
+    def balance(self) -> tuple[int, ...] | None:
+        """A pipeline's layers per chunk (None: every rank holds the whole model)."""
+        ...
+
+    @property
     def group(self) -> Group | None:
         """The ranks holding the same parameters (None: the world)."""
         ...
 
     def describe(self) -> str:
         """One line for the log: ranks, layout, device."""
+        ...
+
+    def adopt_checkpoint(
+        self, state: dict[str, Any], make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    ) -> str:
+        """Fit a checkpoint's per-rank states (``state["ranks"]``) to this engine's layout, in
+        place, where it was saved under another (a pipeline re-cut); ``make_optimizer`` builds
+        the run's optimizer over some layers. Returns a note for the log ("" if nothing
+        moved)."""
         ...
 
     def step_time(self, seconds: float) -> float:

@@ -17,8 +17,9 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
 from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import build_pipeline
-from hethpc.pipeline.build import choose_balance
+from hethpc.pipeline.build import choose_balance, speed_costs
 from hethpc.pipeline.groups import make_pipeline_groups
+from hethpc.pipeline.recut import move_stage_states, skeleton
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.sync import POLICIES
 from hethpc.sync.factory import policy_class
@@ -26,6 +27,10 @@ from hethpc.train.evaluation import Metric
 from hethpc.train.parts.data_parallel import Loss
 from hethpc.train.parts.device import describe_device, run_facts
 from hethpc.train.settings.config import ConfigError, TrainConfig
+
+#: A resumed run cut by time takes a new cut when the speeds measured at its start predict
+#: the slowest chunk at least this many times faster under it than under the saved cut.
+RECUT_GAIN = 1.1
 
 # Settings a pipelined run does not support yet; refused up front, named in the error. Of the
 # sync policies only those whose ranks step together are wired in (not the asynchronous: ssp).
@@ -148,7 +153,15 @@ class PipelineStage:
         groups = make_pipeline_groups(cfg.pipeline_stages)
         lay = self.layout = groups.layout
         model_chunks(cfg, len(model), lay.stages)  # zbv's 2P chunks: named in the settings' words
-        self.balance = self._cut(cfg, model, device, sample, cut_file)
+        #: the cut the run's file held at a resume (None: a fresh run), and a re-cut's
+        #: ``(old, new)`` predicted slowest-chunk seconds, or None
+        self.saved_cut: tuple[int, ...] | None = None
+        self.recut: tuple[float, float] | None = None
+        self.moved_from: tuple[int, ...] | None = None  # the checkpoint's cut, if it moved
+        # names and shapes of the whole model, no data: what a checkpoint from another cut
+        # is moved with (see adopt_checkpoint)
+        self._skeleton = skeleton(model) if cfg.resume else None
+        self.balance: tuple[int, ...] = self._cut(cfg, model, device, sample, cut_file)
         check_stage_parameters(cfg, model, self.balance, lay.stages)
         self.pipe = build_pipeline(
             model,
@@ -183,23 +196,66 @@ class PipelineStage:
         sample: tuple[torch.Tensor, torch.Tensor] | None,
         cut_file: Path | None,
     ) -> tuple[int, ...]:
-        """The layers per chunk: a resumed run's first cut (its checkpoints hold each stage's
-        layers), else ``pipeline_balance``'s (a collective for ``time``), written to
-        ``cut_file`` by rank 0."""
+        """The layers per chunk, by ``pipeline_balance`` (a collective for ``time``), written
+        to ``cut_file`` by rank 0. A resumed run keeps the cut in ``cut_file`` unless it was
+        made by time and the speeds measured now predict the slowest chunk at least
+        :data:`RECUT_GAIN` times faster under a new one; :meth:`adopt_checkpoint` then moves
+        the checkpoint's stages to the new cut."""
         saved = None
         if cfg.resume and cut_file is not None and comm.rank() == 0 and cut_file.is_file():
-            saved = tuple(int(v) for v in json.loads(cut_file.read_text())["balance"])
+            doc = json.loads(cut_file.read_text())
+            saved = (tuple(int(v) for v in doc["balance"]), str(doc.get("by", "")))
         saved = comm.broadcast_object(saved)
+        lay = self.layout
         if saved is not None:
-            return saved
-        balance = choose_balance(
-            model, stages=self.layout.stages, schedule=cfg.schedule,
-            balance=cfg.pipeline_balance, micro_batches=cfg.micro_batches, sample=sample,
-            device=device,
-        )  # fmt: skip
+            self.saved_cut, by = saved
+        if saved is not None and by == cfg.pipeline_balance == "time":
+            speeds = speed_costs(
+                model, stages=lay.stages, schedule=cfg.schedule, micro_batches=cfg.micro_batches,
+                sample=sample, device=device,
+            )  # fmt: skip
+            balance = speeds.balance()
+            before, after = speeds.slowest(saved[0]), speeds.slowest(balance)
+            if balance == saved[0] or before < RECUT_GAIN * after:
+                return saved[0]
+            self.recut = (before, after)
+        elif saved is not None and by == cfg.pipeline_balance:
+            return saved[0]  # by parameters: the same cut again
+        else:
+            balance = choose_balance(
+                model, stages=lay.stages, schedule=cfg.schedule, balance=cfg.pipeline_balance,
+                micro_batches=cfg.micro_batches, sample=sample, device=device,
+            )  # fmt: skip
         if cut_file is not None and comm.rank() == 0:
             cut_file.write_text(json.dumps({"balance": list(balance), "by": cfg.pipeline_balance}))
         return balance
+
+    def adopt_checkpoint(
+        self, state: dict[str, Any], make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    ) -> str:
+        """Move the checkpoint's stage states to this run's cut where it was saved under
+        another (its ``"cut"``; a checkpoint without one was saved under :attr:`saved_cut`):
+        every rank's parameters, buffers and optimizer state go to the rank that now holds
+        those layers (:func:`~hethpc.pipeline.recut.move_stage_states`)."""
+        cut = tuple(int(v) for v in state.get("cut") or self.saved_cut or self.balance)
+        if cut == self.balance:
+            return ""
+        assert self._skeleton is not None, "a resumed run keeps the model's skeleton"
+        self.moved_from = cut
+        state["ranks"] = move_stage_states(
+            state["ranks"], model=self._skeleton, old=cut, new=self.balance,
+            placement=self.pipe.placement, make_optimizer=make_optimizer,
+        )  # fmt: skip
+        why = (
+            f" (speeds measured now: slowest chunk {self.recut[0] * 1e3:.1f} ms per "
+            f"micro-batch under the saved cut, {self.recut[1] * 1e3:.1f} ms under the new)"
+            if self.recut is not None
+            else ""
+        )
+        return (
+            f"pipeline re-cut: layers per chunk {list(cut)} -> {list(self.balance)}{why}; "
+            "the stages' parameters and optimizer state moved with their layers"
+        )
 
     def step_time(self, seconds: float) -> float:
         """The replica's step time, the same on each of its stages (one tiny allreduce).
@@ -264,6 +320,7 @@ class PipelineStage:
             "pipeline_stages": self.layout.stages,
             "replicas": self.layout.replicas,
             "balance": list(self.balance),
+            "recut_from": None if self.moved_from is None else list(self.moved_from),
             **run_facts(self.device),
         }
 

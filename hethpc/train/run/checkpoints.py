@@ -12,6 +12,7 @@ from hethpc import comm
 from hethpc.train.keep.checkpoint import CheckpointManager
 from hethpc.train.keep.state import Components, gather_state, restore_state
 from hethpc.train.parts.engine import Engine
+from hethpc.train.parts.optim import make_optimizer
 from hethpc.train.report.metrics import MetricsWriter
 from hethpc.train.report.tally import Tally
 from hethpc.train.settings.compare import resume_differences
@@ -65,6 +66,7 @@ class RunCheckpoints:
         self.cfg, self.components, self.tally = cfg, components, tally
         self.manager = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         self.saves_own_state = engine.saves_own_state
+        self.engine = engine
         # Each rank saves its own model and optimizer state when replicas may differ, or when
         # each rank holds a different pipeline stage.
         self.own_state = not components.policy.keeps_replicas_equal or engine.saves_own_state
@@ -107,6 +109,11 @@ class RunCheckpoints:
             tally.synced = int(counters.get("synced", 0))
             tally.skipped = int(counters.get("skipped", 0))
             tally.eval_s = float(counters.get("eval_s", 0.0))
+            moved = self.engine.adopt_checkpoint(state, lambda m: make_optimizer(cfg, m, 1)[0])
+            if moved:  # this rank's layers changed: its policy's per-parameter state starts afresh
+                mine = state["ranks"][comm.rank()]
+                mine["policy"] = self.components.policy.for_other_parameters(mine["policy"])
+                say(f"hethpc: {moved}")
             same = restore_state(state, self.components, seed=cfg.seed)
             how = "" if same else f" (saved on {state['world_size']} ranks, re-split over {size})"
             say(f"hethpc: resumed from step {tally.start}{how}")
@@ -124,6 +131,8 @@ class RunCheckpoints:
             replicas_differ=self.own_state,
             counters={"synced": tally.synced, "skipped": tally.skipped, "eval_s": tally.eval_s},
         )
+        if state is not None and self.engine.balance is not None:
+            state["cut"] = list(self.engine.balance)  # the layers each stage's state holds
         path = self.manager.save(state, step) if state is not None else None
         dog.kick(step, "barrier")
         comm.barrier()

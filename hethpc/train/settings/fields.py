@@ -292,7 +292,8 @@ class Settings:
         "how the model is cut into pipeline stages: params (by parameter count) or time (each "
         "layer timed at start on every rank, on one micro-batch of the training data, and "
         "each stage given what its own ranks' speed allows: a slower rank holds fewer layers); "
-        "a resumed run keeps its first cut (docs/pipeline.md)",
+        "a resumed run keeps its cut unless the speeds measured then call for one at least "
+        "1.1x faster, and moves the stages' state to it (docs/pipeline.md)",
         choices=("params", "time"),
     )
     schedule: str = _f(
