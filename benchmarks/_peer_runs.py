@@ -7,7 +7,9 @@ for each run and shuts it down after it (no background thread beside hethpc's ru
 the scenario's end). A peer gets the grid's learning rate and global batch, the epoch budget,
 the seed, the partition, the data and the validation split of the run's settings, and the
 evaluations every ``eval_every_steps`` steps; its training loop is its own (equal batches,
-the run's learning-rate schedule as a ``LambdaLR``).
+the run's learning-rate schedule as a ``LambdaLR``). A run's ``compression`` becomes the
+peer's own: Horovod's ``Compression.fp16`` for ``fp16``, DDP's ``powerSGD_hook`` for
+``powersgd[:RANK]``; any other pair is refused.
 """
 
 from __future__ import annotations
@@ -23,16 +25,31 @@ from typing import Any
 from hethpc.train import TrainConfig
 
 
-def peer_argv(settings: Mapping[str, Any]) -> list[str]:
-    """A peer's command line for a run of these TrainConfig settings (validated as such)."""
+def peer_argv(settings: Mapping[str, Any], peer: str) -> list[str]:
+    """``peer``'s command line for a run of these TrainConfig settings (validated as such).
+
+    Raises:
+        SystemExit: a compression the peer has no counterpart of.
+    """
     cfg = TrainConfig(**settings)
-    return [
+    argv = [
         "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size), "--lr", str(cfg.lr),
         "--momentum", str(cfg.momentum), "--seed", str(cfg.seed), "--partition", cfg.partition,
         "--labels-per-rank", str(cfg.labels_per_rank), "--samples", str(cfg.samples),
         "--data-seed", str(cfg.data_seed), "--val-fraction", str(cfg.val_fraction),
         "--eval-every-steps", str(cfg.eval_every_steps), "--lr-schedule", cfg.lr_schedule,
     ]  # fmt: skip
+    kind, _, rank = cfg.compression.partition(":")
+    if kind == "none":
+        return argv
+    if (peer, kind) == ("horovod", "fp16"):
+        return [*argv, "--fp16-allreduce"]
+    if (peer, kind) == ("ddp", "powersgd"):
+        return [*argv, "--powersgd", rank or "4"]
+    raise SystemExit(
+        f"peer {peer} has no counterpart of compression {cfg.compression!r}; give horovod "
+        "fp16 (Compression.fp16) or ddp powersgd[:RANK] (powerSGD_hook)"
+    )
 
 
 def run_peer(peer: str, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,7 +61,7 @@ def run_peer(peer: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     timer.start()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return module.run(peer_argv(settings))
+            return module.run(peer_argv(settings, peer))
     finally:
         timer.cancel()
 

@@ -20,6 +20,7 @@ METHOD_KEYS = ("knob", "values", "peer")
 SCENARIO_KEYS = ("description", "ranks", "methods")  # every scenario's
 NOT_SETTINGS = (*SCENARIO_KEYS, "testbed")  # a scenario's keys that are not TrainConfig's
 PEERS = ("horovod", "ddp")  # benchmarks/peer_<name>.py
+PEER_KEYS = {"peer", "compression", "knob", "values"}  # what a peer method may set
 # What a peer runs (benchmarks/peer_*.py): the demo's model and data, these partitions, and no
 # emulation (hethpc's own; a peer is slowed only by a testbed's quotas and links).
 PEER_RUNS = {"model": ("cnn1d_wide",), "data": ("mnist1d",), "partition": ("iid", "labels"),
@@ -138,9 +139,13 @@ def load_workload(path: Path) -> dict[str, Any]:
         if "peer" in m and m["peer"] not in PEERS:
             raise SystemExit(f"{path}: [methods.{name}] peer = {m['peer']!r} is not a peer; "
                              f"the peers are {', '.join(map(repr, PEERS))}")  # fmt: skip
-        if "peer" in m and set(m) != {"peer"}:
+        if "peer" in m and (set(m) - PEER_KEYS or m.get("knob", "compression") != "compression"):
             raise SystemExit(f"{path}: [methods.{name}] is the peer {m['peer']!r}: it takes no "
-                             f"hethpc settings, got {sorted(set(m) - {'peer'})}")  # fmt: skip
+                             "hethpc settings but compression (its own: horovod fp16, ddp "
+                             f"powersgd), got {sorted(set(m) - {'peer'})}")  # fmt: skip
+        if "peer" in m and name.split("_")[0] != m["peer"]:
+            raise SystemExit(f"{path}: [methods.{name}] is the peer {m['peer']!r}: name it "
+                             f"{m['peer']} or {m['peer']}_SOMETHING")  # fmt: skip
     for name, s in data["scenarios"].items():
         for key in SCENARIO_KEYS:
             if key not in s:

@@ -337,11 +337,14 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}_{m}_seeds_reaching"] = med["tta_val"]["n"]
             every = med["tta_val"]["n"] == med["tta_val"]["of"]
             out[f"{name}_{m}_over_bsp_every_seed"] = ratio if every else None
-        for peer in PEERS:  # against what a user would run instead, on the same nodes
-            theirs = res["medians"].get(peer, {}).get("tta_val", {}).get("median")
+        # against what a user would run instead, on the same nodes (a peer's methods are
+        # named after it: horovod, horovod_fp16, ddp, ddp_powersgd)
+        peers = [m for m in res["medians"] if m.split("_")[0] in PEERS]
+        for peer in peers:
+            theirs = res["medians"][peer]["tta_val"]["median"]
             for m, med in res["medians"].items():
                 t = med["tta_val"]["median"]
-                if theirs and t and m not in PEERS:
+                if theirs and t and m not in peers:
                     out[f"{name}_{m}_over_{peer}"] = round(t / theirs, 3)
     return out
 

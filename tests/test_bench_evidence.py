@@ -115,17 +115,19 @@ def test_every_scenario_and_method_of_the_workload_is_a_valid_run(name: str) -> 
         ("[base", r"cannot read the workload"),
         (WORKLOAD_TEXT.replace('"ssp"]', '"ssp", "horovod"]', 1),
          r"\[scenarios.demo\] lists the peers \['horovod'\] but emulates"),
-        (WORKLOAD_TEXT.replace('peer = "ddp"', 'peer = "mpi"'),
+        (WORKLOAD_TEXT.replace('[methods.ddp]\npeer = "ddp"', '[methods.ddp]\npeer = "mpi"'),
          r"\[methods.ddp\] peer = 'mpi' is not a peer"),
-        (WORKLOAD_TEXT.replace('peer = "ddp"', 'peer = "ddp"\nbatching = "dynamic"'),
-         r"\[methods.ddp\] is the peer 'ddp': it takes no hethpc settings"),
+        (WORKLOAD_TEXT.replace('[methods.ddp]\n', '[methods.ddp]\nbatching = "dynamic"\n'),
+         r"\[methods.ddp\] is the peer 'ddp': it takes no hethpc settings but compression"),
+        (WORKLOAD_TEXT.replace('[methods.ddp_powersgd]', '[methods.torch_powersgd]'),
+         r"\[methods.torch_powersgd\] is the peer 'ddp': name it ddp or ddp_SOMETHING"),
         (WORKLOAD_TEXT.replace('"cpu=0.33,link=200mbit"]', '"cpu=0.33,link=200mbit", "cpu=1"]'),
          r"\[scenarios.testbed_iid_3x\] testbed has 3 slots for ranks = 2"),
         (WORKLOAD_TEXT.replace('"cpu=0.33,link=200mbit"]', '"cpu=0.33,link=200mbps"]'),
          r"\[scenarios.testbed_iid_3x\] testbed"),
     ],
     ids=["no-protocol", "missing-key", "typo-in-a-method", "not-toml", "peer-emulated",
-         "unknown-peer", "peer-with-settings", "testbed-ranks", "testbed-spec"],
+         "unknown-peer", "peer-with-settings", "peer-misnamed", "testbed-ranks", "testbed-spec"],
 )
 def test_a_bad_workload_is_one_line_naming_the_file(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "w.toml"
@@ -141,11 +143,19 @@ def test_a_peer_gets_the_runs_settings() -> None:
     settings = {**work["base"], **_protocol.scenario_settings(scen),
                 **_protocol.method_settings(work["methods"]["ddp"]), "lr": 0.2,
                 "batch_size": 256, "seed": 3, "eval_every_steps": 12}  # fmt: skip
-    args = peer_ddp.parse_args(_peer_runs.peer_argv(settings))
+    args = peer_ddp.parse_args(_peer_runs.peer_argv(settings, "ddp"))
     want = {"lr": 0.2, "batch_size": 256, "seed": 3, "epochs": 6, "partition": "labels",
             "labels_per_rank": 6, "samples": 20000, "data_seed": 42, "val_fraction": 0.1,
-            "eval_every_steps": 12, "momentum": 0.9, "lr_schedule": "wsd"}  # fmt: skip
+            "eval_every_steps": 12, "momentum": 0.9, "lr_schedule": "wsd",
+            "powersgd": 0}  # fmt: skip
     assert {k: getattr(args, k) for k in want} == want
+    # the compressed peers: the workload's settings become each peer's own flag
+    ddp_psgd = {**settings, **_protocol.method_settings(work["methods"]["ddp_powersgd"])}
+    assert peer_ddp.parse_args(_peer_runs.peer_argv(ddp_psgd, "ddp")).powersgd == 4
+    hvd_fp16 = {**settings, **_protocol.method_settings(work["methods"]["horovod_fp16"])}
+    assert "--fp16-allreduce" in _peer_runs.peer_argv(hvd_fp16, "horovod")
+    with pytest.raises(SystemExit, match="peer horovod has no counterpart of compression 'int8'"):
+        _peer_runs.peer_argv({**settings, "compression": "int8", "sync": "fedavg"}, "horovod")
 
 
 def test_a_testbed_scenario_launches_through_the_testbed() -> None:
