@@ -13,7 +13,6 @@ from hethpc.sync.averaging import average_gradients_
 from hethpc.sync.errors import SyncError
 from hethpc.sync.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
 from hethpc.sync.policy import Outcome, StepInput, SyncPolicy
-from hethpc.sync.powersgd import PowerSGD
 
 
 class BSP(SyncPolicy):
@@ -31,7 +30,8 @@ class BSP(SyncPolicy):
             after the backward pass (``docs/training-job.md`` compares the two).
         bucket_bytes: target bytes per bucket with ``overlap``.
         compression: how the gradients travel, weighted first (see :class:`SyncPolicy`);
-            also ``"powersgd[:RANK]"`` (:mod:`~hethpc.sync.powersgd`), without ``overlap``.
+            also ``"powersgd[:RANK]"`` (:mod:`~hethpc.sync.powersgd`; with ``overlap`` one
+            round per bucket).
     """
 
     name = "bsp"
@@ -52,11 +52,6 @@ class BSP(SyncPolicy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if overlap and isinstance(self.codec, PowerSGD):
-            raise ValueError(
-                "powersgd compresses whole gradients after the backward pass, not overlapped "
-                "buckets; turn overlap off, or use compression fp16 or bf16"
-            )
         if int(bucket_bytes) < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
         self.overlap = bool(overlap)

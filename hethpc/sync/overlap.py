@@ -19,6 +19,7 @@ from hethpc.sync.compressed import PendingFlat, allreduce_flat_async_
 from hethpc.sync.compression import Codec
 from hethpc.sync.errors import SyncError
 from hethpc.sync.gradient_buffer import put_scaled_grad_
+from hethpc.sync.powersgd import PowerSGD, Round
 
 # DDP's default bucket size; the first bucket (the last layers) fires as soon as it fills.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -50,7 +51,11 @@ class GradientBuckets:
             compressing ``codec``, in a tiny exact allreduce of their own at :meth:`finish`.
         name: prefix of the Horovod operation names.
         codec: how each bucket travels (:mod:`~hethpc.sync.compression`), compressed from
-            the weighted gradients; None: as it is.
+            the weighted gradients; None: as it is. With
+            :class:`~hethpc.sync.powersgd.PowerSGD` each bucket is one round of it: its first
+            allreduce (``P`` and the uncompressed tensors) starts during the backward pass as
+            the bucket fills, its second (``Q``) at :meth:`finish`, after every first one,
+            all in flight at once (DDP's ``powerSGD_hook`` also runs one round per bucket).
 
     Raises:
         ValueError: the parameters mix dtypes or devices, or none needs a gradient.
@@ -76,6 +81,7 @@ class GradientBuckets:
                 "turn overlap off for mixed-precision models"
             )
         self.group, self.check, self.name = group, check, name
+        self._ranks = comm.size() if group is None else group.size
         self.codec = codec if codec is not None else Codec()
         self.params = params
         n = sum(p.numel() for p in params)
@@ -113,10 +119,14 @@ class GradientBuckets:
         self._seen = np.zeros(len(params), dtype=bool)
         self._filled = np.zeros(len(self.bounds), dtype=np.int64)
         self._pending: list[Pending | PendingFlat] = []
+        self._rounds: list[Round] = []  # PowerSGD's, one per bucket
+        self._sent = 0  # PowerSGD's bytes at the last step
 
     @property
     def nbytes(self) -> int:
         """Bytes of the gradients on the wire (the weight check's elements excluded)."""
+        if isinstance(self.codec, PowerSGD):
+            return self._sent
         return self.codec.wire_bytes(sum(p.numel() for p in self.params), self.flat.dtype)
 
     def arm(self, weight: float | None) -> None:
@@ -131,6 +141,7 @@ class GradientBuckets:
         self._seen[:] = False
         self._filled[:] = 0
         self._pending = []
+        self._rounds = []
         self._armed = True
 
     @property
@@ -171,6 +182,18 @@ class GradientBuckets:
     def _fire(self, b: int) -> None:
         lo, hi = self.bounds[b]
         name = f"{self.name}.{b}"
+        if isinstance(self.codec, PowerSGD) and self._ranks > 1:
+            # keyed by the parameters' forward order, as without overlap
+            held = [i for i, k in enumerate(self.bucket_of) if k == b]
+            keys = [len(self.params) - 1 - i for i in held]
+            round_ = self.codec.begin_([self.views[i] for i in held], keys)
+            self._rounds.append(round_)
+            self._pending.append(
+                comm.allreduce_async_(
+                    round_.first, ReduceOp.SUM, group=self.group, name=f"{name}.powersgd.first"
+                )
+            )
+            return
         if not self.codec.compresses:
             pending = comm.allreduce_async_(
                 self.flat[lo:hi], ReduceOp.SUM, group=self.group, name=name
@@ -203,6 +226,8 @@ class GradientBuckets:
         self._fire(len(self.bounds) - 1)
         for pending in self._pending:
             pending.wait()
+        if isinstance(self.codec, PowerSGD):
+            self._second_rounds(self.codec)  # (one rank: only counts what it would send)
         self._armed = False
         if not self.codec.compresses:  # a compressing codec counted each bucket
             self.codec.tally.add(self.nbytes, self.nbytes)
@@ -214,6 +239,30 @@ class GradientBuckets:
             if weights_wrong(self.row.tolist(), n, tolerance):
                 table = comm.allgather_array(np.array(weight_row(self._weight)), self.group)
                 raise SyncError(weight_message(table, tolerance))
+
+    def _second_rounds(self, codec: PowerSGD) -> None:
+        """PowerSGD's second allreduces (every bucket's ``Q``, in flight together), then each
+        bucket's projection; the step counted once."""
+        n = self._ranks
+        raw = sum(p.numel() for p in self.params) * self.flat.element_size()
+        if n == 1:  # nothing to send: the gradients stay, as without overlap
+            self._sent = codec.skip_(self.views)
+            codec.tally.add(raw, self._sent)
+            return
+        seconds = []
+        for b, round_ in enumerate(self._rounds):
+            second = codec.middle_(round_)
+            if second is not None:
+                name = f"{self.name}.{b}.powersgd.second"
+                seconds.append(comm.allreduce_async_(second, ReduceOp.SUM, group=self.group,
+                                                     name=name))  # fmt: skip
+        for pending in seconds:
+            pending.wait()
+        for round_ in self._rounds:
+            codec.end_(round_, n)
+        codec.advance()
+        self._sent = sum(r.nbytes for r in self._rounds)
+        codec.tally.add(raw, self._sent)
 
     def remove(self) -> None:
         """Detach the hooks."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +54,22 @@ def orthonormalise(p: torch.Tensor) -> torch.Tensor:
     """Orthonormal columns spanning those of ``p`` (``n x r``, ``n >= r``), by a reduced QR on
     ``p``'s device; the same bits on every rank from the same ``p``."""
     return torch.linalg.qr(p, mode="reduced").Q
+
+
+@dataclass
+class Round:
+    """One reduction in progress (:meth:`PowerSGD.begin_`): the tensors the first allreduce
+    carries as they are (``rest``), the compressed gradients' keys, matrix views and ``P``s,
+    and the flat buffers of each allreduce; ``nbytes`` is what it sends."""
+
+    rest: list[torch.Tensor]
+    index: list[int]
+    ms: list[torch.Tensor]
+    ps: list[torch.Tensor]
+    first: torch.Tensor
+    nbytes: int
+    qs: list[torch.Tensor] = field(default_factory=list)
+    second: torch.Tensor | None = None
 
 
 class PowerSGD(Codec):
@@ -140,6 +157,30 @@ class PowerSGD(Codec):
         dropped (its part less that share of the projection), so the errors the ranks add to
         their next gradients sum to exactly what this step's update lacked.
 
+        The same as :meth:`begin_`, :meth:`middle_`, :meth:`end_` and :meth:`advance` (how
+        overlapped buckets run it, one round per bucket, their first sums during the backward
+        pass).
+
+        Raises:
+            ValueError: the gradients are not of one floating-point dtype.
+        """
+        round_ = self.begin_(grads)
+        allreduce(round_.first, "first")
+        second = self.middle_(round_)
+        if second is not None:
+            allreduce(second, "second")
+        self.end_(round_, ranks)
+        self.advance()
+        return round_.nbytes
+
+    @torch.no_grad()
+    def begin_(self, grads: Sequence[torch.Tensor], keys: Sequence[int] | None = None) -> Round:
+        """The first part of one reduction of ``grads`` (some or all of a step's): adds the
+        kept errors, projects on ``Q``; :attr:`Round.first` is what the first allreduce sums
+        (``P`` and the uncompressed tensors; before ``start_step``, every gradient). ``keys``
+        name each gradient's error and ``Q`` (default: its position), the same on every rank
+        and every step. The step advances only at :meth:`advance`.
+
         Raises:
             ValueError: the gradients are not of one floating-point dtype.
         """
@@ -148,39 +189,54 @@ class PowerSGD(Codec):
                 f"powersgd needs gradients of one floating-point dtype, got "
                 f"{sorted({str(g.dtype) for g in grads})}; use compression none, fp16 or bf16"
             )
+        keys = list(range(len(grads))) if keys is None else list(keys)
         shapes = [tuple(g.shape) for g in grads]
         nbytes = self.step_bytes(shapes, grads[0].element_size())
         if self.step < self.start_step:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            allreduce(flat, "first")
-            _unpack_(flat, list(grads))
-            self.step += 1
-            return nbytes
+            return Round(list(grads), [], [], [], flat, nbytes)
         low = self.plan(shapes)
         rest = [g for g, lo in zip(grads, low, strict=True) if not lo]
-        index = [i for i, lo in enumerate(low) if lo]
-        ms = [grads[i].reshape(matrix_shape(shapes[i])) for i in index]  # views of the grads
-        for i, m in zip(index, ms, strict=True):
+        index = [keys[i] for i, lo in enumerate(low) if lo]
+        ms = [g.reshape(matrix_shape(g.shape)) for g, lo in zip(grads, low, strict=True) if lo]
+        for i, m in zip(index, ms, strict=True):  # views of the grads
             if i in self.errors:
                 if self.errors[i].device != m.device:  # restored from a checkpoint on the CPU
                     self.errors[i] = self.errors[i].to(m.device)
                 m.add_(self.errors[i])
         ps = [m @ self._q(i, m.shape[1], m) for i, m in zip(index, ms, strict=True)]
         first = torch.cat([t.reshape(-1) for t in (*rest, *ps)])
-        allreduce(first, "first")
-        _unpack_(first, [*rest, *ps])
-        ps = [orthonormalise(p) for p in ps]
-        qs = [m.T @ p for m, p in zip(ms, ps, strict=True)]
-        second = torch.cat([q.reshape(-1) for q in qs])
-        allreduce(second, "second")
-        _unpack_(second, qs)
-        for i, m, p, q in zip(index, ms, ps, qs, strict=True):
+        return Round(rest, index, ms, ps, first, nbytes)
+
+    @torch.no_grad()
+    def middle_(self, round_: Round) -> torch.Tensor | None:
+        """After the first allreduce: the uncompressed sums in place, ``P`` orthonormalised;
+        what the second allreduce sums (``Q``), or None where there is none (before
+        ``start_step``, or no matrix compressed)."""
+        _unpack_(round_.first, [*round_.rest, *round_.ps])
+        if not round_.ms:
+            return None
+        round_.ps = [orthonormalise(p) for p in round_.ps]
+        round_.qs = [m.T @ p for m, p in zip(round_.ms, round_.ps, strict=True)]
+        round_.second = torch.cat([q.reshape(-1) for q in round_.qs])
+        return round_.second
+
+    @torch.no_grad()
+    def end_(self, round_: Round, ranks: int = 1) -> None:
+        """After the second allreduce: each compressed gradient is the projection of the sum,
+        and this rank keeps ``1 / ranks`` of what it dropped (see :meth:`reduce_`)."""
+        if round_.second is None:
+            return
+        _unpack_(round_.second, round_.qs)
+        for i, m, p, q in zip(round_.index, round_.ms, round_.ps, round_.qs, strict=True):
             approx = p @ q.T
             self.errors[i] = m - approx / ranks  # its share of what the sum did not carry
             m.copy_(approx)
             self.qs[i] = q
+
+    def advance(self) -> None:
+        """Count one step (every reduction of the step done)."""
         self.step += 1
-        return nbytes
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -65,3 +65,45 @@ def test_replicas_stay_identical_through_powersgd_steps(world: tuple[int, int]) 
     table = comm.allgather_array(flat)
     for k in range(n):
         np.testing.assert_array_equal(table[k], flat, err_msg=f"rank {k} differs")
+
+
+@pytest.mark.parametrize("bucket_bytes", [600, 1 << 20], ids=["many-buckets", "one-bucket"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["equal", "weighted"])
+def test_overlapped_powersgd_trains_as_after_the_backward_pass(
+    world: tuple[int, int], bucket_bytes: int, weighted: bool
+) -> None:
+    # One PowerSGD round per bucket, its first sum during the backward pass: the same errors,
+    # Qs and factors, keyed alike, so the same training as one round after the backward
+    # (to float rounding: the sums are cut into other pieces), the same bytes, and replicas
+    # that stay identical.
+    r, n = world
+    sizes = [6 + 3 * k for k in range(n)]
+    weight = sizes[r] / sum(sizes) if weighted else None
+    models = {"plain": _model(), "overlap": _model()}
+    policies = {
+        "plain": BSP(compression=PowerSGD(2, start_step=2)),
+        "overlap": BSP(compression=PowerSGD(2, start_step=2), overlap=True,
+                       bucket_bytes=bucket_bytes),
+    }  # fmt: skip
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for k, m in models.items()}
+    records = {k: [] for k in models}
+    for step in range(6):
+        gen = torch.Generator().manual_seed(10 * r + step)
+        x = torch.randn(sizes[r], 30, generator=gen)
+        y = torch.randint(0, 3, (sizes[r],), generator=gen)
+        for k, model in models.items():
+            opts[k].zero_grad()
+            policies[k].before_backward(model, weight=weight)
+            nn.functional.cross_entropy(model(x), y).backward()
+            records[k].append(policies[k].step(model, opts[k], weight=weight).bytes)
+    for a, b in zip(models["plain"].parameters(), models["overlap"].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert records["overlap"] == records["plain"]
+    overlap = policies["overlap"].codec
+    assert isinstance(overlap, PowerSGD) and overlap.step == 6
+    assert sorted(overlap.errors) == sorted(policies["plain"].codec.errors) == [0]  # type: ignore[attr-defined]
+    flat = torch.cat([p.detach().reshape(-1) for p in models["overlap"].parameters()]).numpy()
+    table = comm.allgather_array(flat)
+    for k in range(n):
+        np.testing.assert_array_equal(table[k], flat, err_msg=f"rank {k} differs")
+    policies["overlap"].close()

@@ -233,9 +233,10 @@ class Settings:
         "int8 (every policy but bsp and ssp: a byte per value of a per-chunk scale the ranks "
         "share, with error feedback; a quarter of the bytes of parameter averages and "
         "pseudo-gradients; optimizer states travel as bf16), "
-        "or powersgd[:RANK] (sync bsp without overlap: rank-RANK factors of each matrix-shaped "
-        "gradient with error feedback, rank 4 if not given, after 10 plain steps). Worth it where "
-        "the link, not compute, bounds a step (docs/sync.md#compression)",
+        "or powersgd[:RANK] (sync bsp, with or without overlap: rank-RANK factors of each "
+        "matrix-shaped gradient with error feedback, rank 4 if not given, after 10 plain steps; "
+        "with overlap one round per bucket). Worth it where the link, not compute, bounds a "
+        "step (docs/sync.md#compression)",
     )
     transport: str = _f(
         "auto",

@@ -298,12 +298,6 @@ def _check_compression(cfg: Settings) -> None:
             f"{list(offered)}); use one of those, or compression none",
             key="compression",
         )
-    if codec.name == "powersgd" and cfg.overlap:
-        raise ConfigError(
-            f"compression = {cfg.compression!r} compresses whole gradients after the backward "
-            "pass, not overlap's buckets; turn overlap off, or use compression fp16 or bf16",
-            key="compression",
-        )
 
 
 def _check_weights(cfg: Settings) -> None:
