@@ -7,8 +7,9 @@ what each setting costs in accuracy.
 Three parts, each on 2 ranks (``--only`` picks some):
 
 1. **emulated**: the built-in ``large`` model (an MLP of 7.4M parameters, 30 MB of float32
-   gradients), global batch 32, BSP with ``--compression`` none, fp16, bf16 and powersgd:4, on
-   shared memory with hethpc's link emulation at 200 Mbit/s (``--link 200mbit:50us``). After
+   gradients), global batch 32, BSP with ``--compression`` none, fp16, bf16 and powersgd:4 (and
+   none and powersgd:4 with ``--overlap``), on shared memory with hethpc's link emulation at
+   200 Mbit/s (``--link 200mbit:50us``). After
    ``WARMUP_STEPS`` unmeasured steps each (PowerSGD's plain first steps among them), ``--rounds``
    rounds of ``--steps`` steps, the settings in a random order per round; per setting the median
    step time, its ratio to fp32 BSP's step in the same round (the median of the rounds' ratios)
@@ -66,7 +67,9 @@ LINK = "200mbit:50us"
 NODES = [{"cpu": 1.0, "link": "200mbit"}, {"cpu": 1.0, "link": "200mbit"}]
 WARMUP_STEPS = 12  # past PowerSGD's 10 plain steps (hethpc's and DDP's)
 # (name, loop kind, compression); the peers run on the testbed only
-HETHPC = [(f"hethpc {c}", "hethpc", c) for c in ("none", "fp16", "bf16", "powersgd:4")]
+HETHPC = [(f"hethpc {c}", "hethpc", c) for c in ("none", "fp16", "bf16", "powersgd:4")] + [
+    (f"hethpc overlap {c}", "overlap", c) for c in ("none", "powersgd:4")
+]  # with --overlap: buckets allreduced during the backward pass, as DDP's and Horovod's
 PEERS = [("ddp none", "ddp", "none"), ("ddp fp16", "ddp", "fp16"),
          ("ddp powersgd:4", "ddp", "powersgd:4"), ("horovod none", "horovod", "none"),
          ("horovod fp16", "horovod", "fp16")]  # fmt: skip
@@ -268,6 +271,8 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
     if bed:
         for ours, theirs in (
             ("hethpc powersgd:4", "ddp powersgd:4"),
+            ("hethpc overlap powersgd:4", "ddp powersgd:4"),
+            ("hethpc overlap none", "ddp none"),
             ("hethpc fp16", "horovod fp16"),
             ("hethpc none", "ddp none"),
             ("hethpc none", "horovod none"),

@@ -65,6 +65,10 @@ def test_compression_benchmark_prints_steps_bytes_and_accuracy() -> None:
     assert got["emulated_hethpc_fp16_fewer_bytes"] == 2.0
     assert got["emulated_hethpc_powersgd4_fewer_bytes"] > 4
     assert got["emulated_hethpc_powersgd4_step_ms"] > 0
+    # overlapped, one PowerSGD round per bucket: the same bytes
+    assert got["emulated_hethpc_overlap_powersgd4_fewer_bytes"] == (
+        got["emulated_hethpc_powersgd4_fewer_bytes"]
+    )
     assert len(got["detail"]["accuracy"]) == 10
     assert 0 < got["acc_cnn1d_diloco_int8"] <= 1
     assert got["acc_cnn1d_selsync_int8_fewer_bytes"] > 1
