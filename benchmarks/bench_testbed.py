@@ -3,7 +3,7 @@ under a real CPU quota, and the demo's scenario run both ways.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed.py [--quick]
 
-Needs root on Linux (``hethpc.testbed``). Six parts, each printed as a table:
+Needs root on Linux (``hethpc.testbed``). Seven parts, each printed as a table:
 
 1. **mechanisms**: a fixed loop under a quota of 1/2 and 1/3 of a core (its slowdown against
    the same loop on the uncapped head), and one 50 MB MPI message over a 200 Mbit/s link (its
@@ -31,6 +31,13 @@ Needs root on Linux (``hethpc.testbed``). Six parts, each printed as a table:
    replica 0's CPU quota (0.2 of a core against 0.6): uniform batches against dynamic batching
    across the replicas (each replica's share follows its measured speed), the throughput of the
    second half of the steps (goal: 1.3x, the median of the seeds; the ideal is 2x).
+
+7. **cap**: 2 nodes (1 core and a third of a core, links 200 Mbit/s), ``cnn1d``, global batch
+   128 split 3 : 1 (``--batching static --weights 3,1``: the share the nodes' speeds call for,
+   fixed so that two runs take the same batches), 50 steps, the same seed: rank 0 without a
+   cap and capped at 32 rows (``--max-rank-batch 32,128``: a third of its 96-row share, which it
+   then computes in 3 pieces of accumulated gradients). Goal: the same loss curve, step by step,
+   within float tolerance (the largest relative difference of the 50 losses under 1e-4).
 
 Runs of one part are interleaved in a random order (seeded) per seed; a uniform and a dynamic
 run of the same setting run side by side (the host's speed drifts over minutes). The last line is
@@ -414,6 +421,43 @@ def pxd(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
     return {"runs": runs, "speedups": ratios, "speedup": _median(ratios)}
 
 
+CAP_NODES = [{"cpu": 1.0, "link": "200mbit"}, {"cpu": 0.33, "link": "200mbit"}]
+
+
+def cap(seeds: list[int], tmp: Path, steps: int) -> dict[str, Any]:
+    """Rank 0 capped at a third of its share (accumulating its batch in pieces) against no cap,
+    the same seed and batches, on the testbed: the losses of every step side by side."""
+    base = [
+        "--model", "cnn1d", "--samples", "8000", "--epochs", "10", "--max-steps", str(steps),
+        "--batch-size", "128", "--batching", "static", "--weights", "3,1", "--eval-every", "0",
+    ]  # fmt: skip
+    runs = []
+    for seed in seeds:
+        losses: dict[str, list[float]] = {}
+        pieces: dict[str, list[int]] = {}
+        order = ["uncapped", "capped"]
+        random.Random(500 + seed).shuffle(order)
+        for how in order:
+            extra = ["--max-rank-batch", "32,128"] if how == "capped" else []
+            with Testbed(CAP_NODES, name="bcap") as bed:
+                run_dir = tmp / f"cap-{how}"
+                train([*base, *extra, "--seed", str(seed)], bed=bed, run_dir=run_dir)
+            recs = [json.loads(line) for line in (run_dir / "metrics" / "rank0.jsonl").open()]
+            steps_ = [r for r in recs if r["kind"] == "step"]
+            losses[how] = [float(r["loss"]) for r in steps_]
+            pieces[how] = [int(r.get("pieces", 1)) for r in steps_]
+        diff = max(
+            abs(a - b) / max(abs(a), 1e-12)
+            for a, b in zip(losses["uncapped"], losses["capped"], strict=True)
+        )
+        runs.append({"seed": seed, "steps": len(losses["capped"]), "max_rel_diff": diff,
+                     "pieces": max(pieces["capped"]), "losses": losses})  # fmt: skip
+        print(f"  seed {seed}: {len(losses['capped'])} steps, rank 0 in up to "
+              f"{max(pieces['capped'])} pieces; largest relative loss difference {diff:.2e}",
+              flush=True)  # fmt: skip
+    return {"runs": runs, "max_rel_diff": max(r["max_rel_diff"] for r in runs)}
+
+
 def figures(out: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of a result, flat (one row each in RESULTS.md)."""
     flat: dict[str, Any] = {}
@@ -431,6 +475,8 @@ def figures(out: dict[str, Any]) -> dict[str, Any]:
         flat["pipeline_time_cut_over_param_cut"] = round(out["pipeline"]["speedup"], 3)
     if "pxd" in out:
         flat["pxd_dynamic_over_uniform"] = round(out["pxd"]["speedup"], 3)
+    if "cap" in out:
+        flat["cap_loss_max_rel_diff"] = float(f"{out['cap']['max_rel_diff']:.3g}")
     for name, rs in out.get("peers", {}).items():
         rs = [r for r in rs if r["time_s"] is not None]
         flat[f"peers: {name}"] = {
@@ -448,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=6, help="epochs of the quota runs")
     p.add_argument("--batch", type=int, default=512, help="global batch of the quota runs")
-    p.add_argument("--only", default="mechanisms,quota,demo,peers,pipeline,pxd")
+    p.add_argument("--only", default="mechanisms,quota,demo,peers,pipeline,pxd,cap")
     a = p.parse_args(argv)
     lack = missing()
     if lack:
@@ -504,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
             out["pxd"] = pxd(seeds, tmp, 30 if a.quick else 80)
             print(f"dynamic / uniform, samples/s: {_spread(out['pxd']['speedups'])}")
+        if "cap" in parts:
+            print("rank 0 capped at a third of its share (accumulating) vs uncapped, 50 steps",
+                  flush=True)  # fmt: skip
+            out["cap"] = cap(seeds, tmp, 20 if a.quick else 50)
+            print(f"largest relative loss difference: {out['cap']['max_rel_diff']:.2e}")
     out["wall_s"] = time.time() - t0
     print(json.dumps({**figures(out), "detail": out}))
     return 0

@@ -126,6 +126,11 @@ GOALS["bench_testbed"] = {
         ">= 1.3x (P = 2 x D = 2, one replica at a third of the speed: dynamic over uniform)",
         lambda v: _ge(v, 1.3),
     ),
+    "cap_loss_max_rel_diff": (
+        "<= 1e-4 (a rank capped at a third of its share, accumulating: the loss of every step "
+        "as uncapped)",
+        lambda v: _le(v, 1e-4),
+    ),
 }
 # The evidence protocol (docs/evaluation.md): medians over 5 seeds against BSP tuned alike.
 GOALS["bench_evidence"] = {
