@@ -25,9 +25,10 @@ Three parts, each on 2 ranks (``--only`` picks some):
    MNIST-1D, the same settings for a method and its compressed variants (no tuning: each setting
    is compared with its own fp32 run at the same learning rate and batch): the default ``cnn1d``
    for 6 epochs (SGD, lr 0.05, global batch 128) with BSP (none, fp16, bf16, powersgd:4),
-   SelSync and DiLoCo (none, int8), and the ``large`` model for 2 epochs (Adam, lr 3e-4, global
-   batch 32) with BSP none and powersgd:4. ``--seeds`` seeds, the runs of a seed in a random
-   order; final test accuracy and the bytes each rank sent.
+   SelSync and DiLoCo (none, int8), and the ``large`` model for 2 epochs (``--large-epochs``;
+   Adam, lr 3e-4, global batch 32) with BSP none and powersgd:4 (``--models`` picks).
+   ``--seeds`` seeds, the runs of a seed in a random order; final test accuracy and the bytes
+   each rank sent.
 
 Goals: PowerSGD rank 4 on ``large``: at least 4x fewer bytes per step than fp32 and at most 0.6x
 its step time on the emulated link, final accuracy within 0.5 point of fp32 BSP's; on the
@@ -107,9 +108,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--link", default=LINK, help=f"the emulated part's link (default {LINK})")
     p.add_argument("--seeds", type=int, default=3, help="accuracy part: seeds")
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80%% train)")
+    p.add_argument("--models", default="cnn1d,large",
+                   help="accuracy part: the models whose settings run (default both)")
+    p.add_argument("--large-epochs", type=int, default=2,
+                   help="accuracy part: epochs of the large model's runs (default 2)")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a worker's part (under mpirun)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)  # where a worker writes JSON
     args = p.parse_args(argv)
+    models = {name.split()[0] for name, *_ in ACCURACY}
+    wrong = sorted(set(args.models.split(",")) - models)
+    if wrong:
+        p.error(f"--models: unknown {wrong}; the accuracy part has {sorted(models)}")
+    if args.large_epochs < 1:
+        p.error(f"--large-epochs must be at least 1, got {args.large_epochs}")
     if args.quick:
         args.rounds, args.steps, args.seeds, args.samples = 2, 3, 1, 4000
     return args
@@ -191,15 +202,17 @@ def step_part(args: argparse.Namespace, where: str) -> dict[str, Any]:
 def accuracy_part(args: argparse.Namespace, new_dir: Callable[[str], str]) -> dict[str, Any]:
     """Each accuracy run per seed, in a random order per seed; final test accuracy and bytes."""
     cache = os.environ.get("HETHPC_CACHE", str(Path.home() / ".cache" / "hethpc"))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in ACCURACY}
+    settings = [a for a in ACCURACY if a[1] in args.models.split(",")]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in settings}
     for seed in range(args.seeds):
-        order = list(ACCURACY)
+        order = list(settings)
         random.Random(2000 + seed).shuffle(order)
         for name, model, epochs, fields in order:
             run_dir = new_dir(name.replace(" ", "_").replace(":", ""))
             cfg = TrainConfig(**{
                 "samples": args.samples, "cache_dir": cache, "model": model,
-                "epochs": 1 if args.quick else epochs, "batch_size": 128, "lr": 0.05,
+                "epochs": 1 if args.quick else args.large_epochs if model == "large" else epochs,
+                "batch_size": 128, "lr": 0.05,
                 "momentum": 0.9, "seed": seed, "eval_every": 0, "progress": False,
                 "run_dir": run_dir, "watchdog_s": 300, **fields,
             })  # fmt: skip
@@ -294,6 +307,8 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
             ("cnn1d selsync none", "cnn1d selsync int8"),
             ("cnn1d diloco none", "cnn1d diloco int8"),
         ):
+            if base not in med or comp not in med:
+                continue  # a model left out (--models)
             key = comp.replace(" ", "_").replace(":", "")
             gap = round(100 * (med[base] - med[comp]), 2)
             g[f"acc_{key}_points_below_fp32"] = gap
