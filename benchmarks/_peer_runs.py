@@ -8,8 +8,8 @@ the scenario's end). A peer gets the grid's learning rate and global batch, the 
 the seed, the partition, the data and the validation split of the run's settings, and the
 evaluations every ``eval_every_steps`` steps; its training loop is its own (equal batches,
 the run's learning-rate schedule as a ``LambdaLR``). A run's ``compression`` becomes the
-peer's own: Horovod's ``Compression.fp16`` for ``fp16``, DDP's ``powerSGD_hook`` for
-``powersgd[:RANK]``; any other pair is refused.
+peer's own: Horovod's ``Compression.fp16`` for ``fp16``, DDP's ``fp16_compress_hook`` for
+``fp16`` and ``powerSGD_hook`` for ``powersgd[:RANK]``; any other pair is refused.
 """
 
 from __future__ import annotations
@@ -46,9 +46,12 @@ def peer_argv(settings: Mapping[str, Any], peer: str) -> list[str]:
         return [*argv, "--fp16-allreduce"]
     if (peer, kind) == ("ddp", "powersgd"):
         return [*argv, "--powersgd", rank or "4"]
+    if (peer, kind) == ("ddp", "fp16"):
+        return [*argv, "--fp16-compress"]
     raise SystemExit(
         f"peer {peer} has no counterpart of compression {cfg.compression!r}; give horovod "
-        "fp16 (Compression.fp16) or ddp powersgd[:RANK] (powerSGD_hook)"
+        "fp16 (Compression.fp16), ddp fp16 (fp16_compress_hook) or ddp powersgd[:RANK] "
+        "(powerSGD_hook)"
     )
 
 

@@ -21,7 +21,7 @@ port rank 0 picks and broadcasts. gloo picks its own interface by resolving the 
 ``GLOO_SOCKET_IFNAME`` says which; on hethpc's testbed (``HETHPC_TESTBED`` set) it defaults to
 the nodes' ``eth0``. ``--powersgd RANK`` registers torch's ``powerSGD_hook`` with that matrix
 approximation rank, plain allreduce for the first ``--powersgd-start`` steps (torch's advice: 10 %
-of the steps).
+of the steps); ``--fp16-compress`` registers ``fp16_compress_hook``.
 
 ``--batch-size`` is the global batch, ``--lr`` the rate for it, and ``--partition``,
 ``--val-fraction``, ``--eval-every-steps`` and the output as in ``benchmarks/peer_horovod.py``:
@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from _peer_args import add_run_args, check_run_args, lr_schedule
 from _peer_data import load_data, train_split
 from _peer_eval import Evaluations
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -71,6 +72,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--powersgd-start", type=int, default=None, metavar="STEPS",
                    help="plain allreduce for this many steps before PowerSGD starts (at least "
                    "2; default: 10 %% of the steps)")
+    p.add_argument("--fp16-compress", action="store_true",
+                   help="send gradients in fp16 with torch's fp16_compress_hook")
     p.add_argument("--master-addr", help="rank 0's address (default: $MASTER_ADDR, else found)")
     p.add_argument("--master-port", type=int,
                    help="rank 0's port (default: $MASTER_PORT, else a free one)")
@@ -79,6 +82,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_run_args(p, args)
     if args.powersgd < 0:
         p.error(f"--powersgd must be a rank >= 1 (0: off), got {args.powersgd}")
+    if args.powersgd and args.fp16_compress:
+        p.error("--powersgd and --fp16-compress are two comm hooks; give one")
     if args.powersgd_start is not None and args.powersgd_start < 2:
         p.error(f"--powersgd-start must be at least 2 (torch's error feedback needs it), "
                 f"got {args.powersgd_start}")  # fmt: skip
@@ -222,6 +227,8 @@ def train(args: argparse.Namespace, rank: int, size: int) -> dict[str, Any]:
                                        matrix_approximation_rank=args.powersgd,
                                        start_powerSGD_iter=powersgd_start)  # fmt: skip
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    if args.fp16_compress:
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     schedule = lr_schedule(optimizer, args.lr_schedule, args.epochs * len(train_loader))
     evals = Evaluations(model, every=args.eval_every_steps or len(train_loader), test=data.test,

@@ -152,6 +152,8 @@ def test_a_peer_gets_the_runs_settings() -> None:
     # the compressed peers: the workload's settings become each peer's own flag
     ddp_psgd = {**settings, **_protocol.method_settings(work["methods"]["ddp_powersgd"])}
     assert peer_ddp.parse_args(_peer_runs.peer_argv(ddp_psgd, "ddp")).powersgd == 4
+    ddp_fp16 = {**settings, **_protocol.method_settings(work["methods"]["ddp_fp16"])}
+    assert peer_ddp.parse_args(_peer_runs.peer_argv(ddp_fp16, "ddp")).fp16_compress
     hvd_fp16 = {**settings, **_protocol.method_settings(work["methods"]["horovod_fp16"])}
     assert "--fp16-allreduce" in _peer_runs.peer_argv(hvd_fp16, "horovod")
     with pytest.raises(SystemExit, match="peer horovod has no counterpart of compression 'int8'"):
