@@ -70,13 +70,19 @@ def _check(done: subprocess.CompletedProcess[str], out: Path, peer: str) -> dict
     return summary
 
 
-@pytest.mark.parametrize("peer", ["horovod", "ddp"])
-def test_peer_trains_on_two_ranks(peer: str, cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("peer", "extra"),
+    [("horovod", []), ("ddp", []), ("horovod", ["--fp16-allreduce"]),
+     ("ddp", ["--fp16-compress"]), ("ddp", ["--powersgd", "2"])],
+    ids=["horovod", "ddp", "horovod-fp16", "ddp-fp16", "ddp-powersgd"],
+)  # fmt: skip
+def test_peer_trains_on_two_ranks(peer: str, extra: list[str], cache: Path, tmp_path: Path) -> None:
+    # plain and with the compression each offers (the evidence protocol's peer methods)
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         pytest.skip("launches mpirun itself; run it outside mpirun")
     out = tmp_path / "summary.json"
-    done = subprocess.run(_command(peer, out), cwd=ROOT, env=_env(cache), capture_output=True,
-                          text=True, timeout=90)  # fmt: skip
+    done = subprocess.run(_command(peer, out, *extra), cwd=ROOT, env=_env(cache),
+                          capture_output=True, text=True, timeout=90)  # fmt: skip
     summary = _check(done, out, peer)
     if peer == "ddp":
         assert summary["master_addr"] == "127.0.0.1"  # both ranks on this host
