@@ -115,6 +115,13 @@ def test_skeleton_holds_no_data_and_keeps_names() -> None:
     assert next(model.parameters()).device.type == "cpu"  # the model itself untouched
 
 
+def test_a_skeleton_of_a_model_with_lazy_layers_keeps_their_names() -> None:
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LazyLinear(3))
+    bones = skeleton(model)
+    assert list(bones.state_dict()) == list(model.state_dict())
+    assert bones[0].weight.device.type == "meta"
+
+
 def test_a_saved_optimizer_of_another_grouping_is_refused() -> None:
     model = _model(0)
     stages = _stages(model, (2, 6), (0, 1), _sgd)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from hethpc.pipeline.balance import stage_module
 
@@ -31,6 +32,8 @@ def skeleton(model: nn.Sequential) -> nn.Sequential:
     later :func:`move_stage_states`)."""
     memo: dict[int, Any] = {}
     for t in itertools.chain(model.parameters(), model.buffers()):
+        if isinstance(t, (UninitializedParameter, UninitializedBuffer)):
+            continue  # a lazy layer's, not yet materialised: it holds no data to leave out
         meta = torch.empty_like(t, device="meta")
         memo[id(t)] = nn.Parameter(meta, t.requires_grad) if isinstance(t, nn.Parameter) else meta
     return copy.deepcopy(model, memo)
