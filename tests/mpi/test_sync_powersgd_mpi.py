@@ -101,7 +101,10 @@ def test_overlapped_powersgd_trains_as_after_the_backward_pass(
     assert records["overlap"] == records["plain"]
     overlap = policies["overlap"].codec
     assert isinstance(overlap, PowerSGD) and overlap.step == 6
-    assert sorted(overlap.errors) == sorted(policies["plain"].codec.errors) == [0]  # type: ignore[attr-defined]
+    plain = policies["plain"].codec
+    assert isinstance(plain, PowerSGD)
+    # the one compressed matrix (the 40 x 30 weight) keeps an error; one rank sends nothing
+    assert sorted(overlap.errors) == sorted(plain.errors) == ([0] if n > 1 else [])
     flat = torch.cat([p.detach().reshape(-1) for p in models["overlap"].parameters()]).numpy()
     table = comm.allgather_array(flat)
     for k in range(n):
