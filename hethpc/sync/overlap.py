@@ -111,6 +111,10 @@ class GradientBuckets:
         self.bounds[-1] = (self.bounds[-1][0], n + extra)  # the weight check rides last
         self.bucket_of = [min(b, len(self.bounds) - 1) for b in self.bucket_of]
         self._sizes = np.bincount(self.bucket_of, minlength=len(self.bounds))
+        # each bucket's parameters, and (PowerSGD's keys) their positions in forward order
+        self._held = [
+            [i for i, k in enumerate(self.bucket_of) if k == b] for b in range(len(self.bounds))
+        ]
         self._index = {id(p): i for i, p in enumerate(params)}
         self._hooks = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
         self._armed = False
@@ -184,7 +188,7 @@ class GradientBuckets:
         name = f"{self.name}.{b}"
         if isinstance(self.codec, PowerSGD) and self._ranks > 1:
             # keyed by the parameters' forward order, as without overlap
-            held = [i for i, k in enumerate(self.bucket_of) if k == b]
+            held = self._held[b]
             keys = [len(self.params) - 1 - i for i in held]
             round_ = self.codec.begin_([self.views[i] for i in held], keys)
             self._rounds.append(round_)
