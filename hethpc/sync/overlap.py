@@ -111,7 +111,7 @@ class GradientBuckets:
         self.bounds[-1] = (self.bounds[-1][0], n + extra)  # the weight check rides last
         self.bucket_of = [min(b, len(self.bounds) - 1) for b in self.bucket_of]
         self._sizes = np.bincount(self.bucket_of, minlength=len(self.bounds))
-        # each bucket's parameters, and (PowerSGD's keys) their positions in forward order
+        # each bucket's parameters, as indices into params (PowerSGD keys them from these)
         self._held = [
             [i for i, k in enumerate(self.bucket_of) if k == b] for b in range(len(self.bounds))
         ]
