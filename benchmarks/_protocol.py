@@ -3,6 +3,7 @@ target without interpolation, the choice of a setting, medians with their spread
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import tomllib
@@ -26,6 +27,7 @@ PEER_KEYS = {"peer", "compression", "knob", "values"}  # what a peer method may 
 PEER_RUNS = {"model": ("cnn1d_wide",), "data": ("mnist1d",), "partition": ("iid", "labels"),
              "lr_schedule": ("constant", "wsd")}  # fmt: skip
 EMULATION = ("slowdown", "link")
+FROZEN_KEYS = ("target", "chosen", "target_finals", "target_setting")  # --frozen
 PROTOCOL_KEYS = (
     "margin", "eval_every_samples", "tune_seed", "target_seeds", "seeds", "lr", "batch",
 )  # fmt: skip
@@ -219,3 +221,39 @@ def converted_out(work: Mapping[str, Any]) -> str | None:
 def scenario_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:
     """A scenario's TrainConfig settings."""
     return {k: v for k, v in scenario.items() if k not in NOT_SETTINGS}
+
+
+def load_frozen(path: Path, names: Sequence[str], work: Mapping[str, Any]) -> dict[str, Any]:
+    """Each scenario's frozen choices from an earlier run: ``path`` holds that run's last JSON
+    line (its ``detail``) or ``{scenario: {"target", "chosen", "target_finals",
+    "target_setting", "from"}}``; every scenario in ``names`` and each of its methods must be
+    there.
+
+    Raises:
+        SystemExit: an unreadable file, a missing scenario, method or key (one line naming the
+            file and what is missing).
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: cannot read the frozen choices: {e}") from None
+    data = data.get("detail", data) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: the frozen choices must be a JSON object of scenarios")
+    out = {}
+    for name in names:
+        frozen = data.get(name)
+        if not isinstance(frozen, dict):
+            raise SystemExit(f"{path}: no frozen choices for the scenario {name}; it has "
+                             f"{', '.join(sorted(data)) or 'none'}")  # fmt: skip
+        for key in FROZEN_KEYS:
+            if key not in frozen:
+                raise SystemExit(f"{path}: [{name}] needs {key!r} (an earlier run's)")
+        for m in work["scenarios"][name]["methods"]:
+            c = frozen["chosen"].get(m)
+            if not isinstance(c, dict) or {"lr", "batch", "knob"} - set(c):
+                raise SystemExit(f"{path}: [{name}] chose nothing for the method {m} (needs "
+                                 "lr, batch and knob); measure the methods it has with "
+                                 "--methods")  # fmt: skip
+        out[name] = frozen
+    return out

@@ -67,6 +67,7 @@ from _protocol import (
     converted_out,
     eval_every_steps,
     first_reaching,
+    load_frozen,
     load_workload,
     method_settings,
     metric_of,
@@ -191,8 +192,10 @@ def _said(r: dict[str, Any], metric: Metric) -> str:
     return f"val {metric.show(r['final_val'])} in {r['train_time_s']:.1f} s"
 
 
-def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None]) -> dict:
-    """Tune, fix the target, choose and measure in one scenario (a collective)."""
+def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None],
+                      frozen: dict[str, Any] | None = None) -> dict:  # fmt: skip
+    """Tune, fix the target, choose and measure in one scenario (a collective); with
+    ``frozen`` (an earlier run's target and choices, ``--frozen``) only measure."""
     proto, scen = work["protocol"], work["scenarios"][name]
     methods = scen["methods"]
     metric = metric_of(proto)
@@ -204,69 +207,27 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
                 "batch_size": batch, "seed": seed, "eval_every_steps": every}  # fmt: skip
 
     peer = {m: work["methods"][m].get("peer") for m in methods}
-    tuning: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     with scratch("hethpc-evidence-") as new_dir:
-        for m in methods:  # 1. the grid, each method's knob at its first value
-            for lr in proto["lr"]:
-                for batch in proto["batch"]:
-                    r = run_one(settings(m, lr, batch, None, proto["tune_seed"]), new_dir, m,
-                                peer=peer[m], metric=metric)  # fmt: skip
-                    knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
-                    tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
-                    say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: "
-                        + _said(r, metric))
-        # 2. BSP's most accurate grid point, over the target seeds: the median final
-        # validation accuracy minus the margin (one seed's best of a grid is an optimistic
-        # target: the tuned BSP itself missed it in 5 of 5 measuring seeds).
-        top = max(tuning["bsp"], key=lambda t: metric.rank(t["final_val"]))
-        target_runs = [top] + [
-            run_one(settings("bsp", top["lr"], top["batch"], None, seed), new_dir, "bsp",
-                    metric=metric)  # fmt: skip
-            for seed in proto["target_seeds"]
-            if seed != proto["tune_seed"]
-        ]
-        finals = [r["final_val"] for r in target_runs]
-        if any(v is None for v in finals):
-            raise RuntimeError(f"{name}: BSP diverged on a target seed at its best grid point "
-                               f"(lr {top['lr']}, batch {top['batch']}): no target")  # fmt: skip
-        median = statistics.median(finals)
-        target = metric.target(median, proto["margin"])
-        say(f"  {name}: target {metric.show(target)} {metric.name} (BSP lr {top['lr']}, "
-            f"batch {top['batch']}: finals {', '.join(metric.show(v) for v in finals)})")
 
-        # Choices are made against BSP's median itself (the target plus the margin): a
-        # setting that barely crossed the target on the tuning seed misses it on others (in
-        # the run before this rule the tuned BSP reached it in 0 of 5 measuring seeds).
-        bar = median
+        def run(m: str, lr: float, batch: int, knob: Any, seed: int) -> dict[str, Any]:
+            return run_one(settings(m, lr, batch, knob, seed), new_dir, m, peer=peer[m],
+                           metric=metric)  # fmt: skip
 
-        def candidates(m: str) -> list[dict[str, Any]]:
-            for t in tuning[m]:
-                t["tta"] = first_reaching(t["val"], bar, metric)
-                t["final"] = metric.rank(t["final_val"])
-            return tuning[m]
-
-        chosen: dict[str, dict[str, Any]] = {}
-        for m in methods:  # 3. the grid's best, then the knob's other values there
-            best = pick(candidates(m))
-            for value in work["methods"][m].get("values", [])[1:]:
-                r = run_one(settings(m, best["lr"], best["batch"], value, proto["tune_seed"]),
-                            new_dir, m, peer=peer[m], metric=metric)  # fmt: skip
-                tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
-                say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
-                    f"{value}: " + _said(r, metric))
-            best = pick(candidates(m))
-            chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
-            reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
-            say(f"  {name} {m}: chose {chosen[m]} (to {metric.show(bar)} on validation: "
-                f"{reached})")
+        if frozen is None:
+            chose = tune_and_choose(work, name, run, say)
+        else:
+            chose = {**frozen, "chosen": {m: frozen["chosen"][m] for m in methods},
+                     "tuning": {}}  # fmt: skip
+            say(f"  {name}: target {metric.show(frozen['target'])} {metric.name} and the "
+                f"choices frozen from {frozen.get('from') or 'an earlier run'}; measuring only")
+        target, chosen = chose["target"], chose["chosen"]
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         for seed in proto["seeds"]:  # 4. interleaved, a random order per seed
             order = list(methods)
             random.Random(1000 + seed).shuffle(order)
             for m in order:
                 c = chosen[m]
-                r = run_one(settings(m, c["lr"], c["batch"], c["knob"], seed), new_dir, m,
-                            peer=peer[m], metric=metric)  # fmt: skip
+                r = run(m, c["lr"], c["batch"], c["knob"], seed)
                 r.update(seed=seed, order=order.index(m),
                          tta_val=first_reaching(r["val"], target, metric))  # fmt: skip
                 runs[m].append(r)
@@ -279,10 +240,71 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             for k in ("tta_val", "final_test", "final_val", "train_time_s")}
         for m, rs in runs.items()
     }
-    return {"description": scen["description"], "ranks": scen["ranks"], "target": target,
-            "metric": metric.key,
-            "target_finals": finals, "target_setting": {"lr": top["lr"], "batch": top["batch"]},
-            "chosen": chosen, "tuning": tuning, "runs": runs, "medians": medians}  # fmt: skip
+    kept = ("target", "target_finals", "target_setting", "chosen", "tuning")
+    return {"description": scen["description"], "ranks": scen["ranks"], "metric": metric.key,
+            **{k: chose[k] for k in kept},
+            **({"frozen_from": frozen.get("from", "")} if frozen is not None else {}),
+            "runs": runs, "medians": medians}  # fmt: skip
+
+
+def tune_and_choose(work: dict[str, Any], name: str, run: Callable[..., dict[str, Any]],
+                    say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Steps 1-3 of the protocol: tune every method, fix the target from BSP's best point over
+    the target seeds, choose each method's setting; ``run(method, lr, batch, knob, seed)``
+    trains once."""
+    proto, methods = work["protocol"], work["scenarios"][name]["methods"]
+    metric = metric_of(proto)
+    tuning: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    for m in methods:  # 1. the grid, each method's knob at its first value
+        for lr in proto["lr"]:
+            for batch in proto["batch"]:
+                r = run(m, lr, batch, None, proto["tune_seed"])
+                knob = method_settings(work["methods"][m]).get(work["methods"][m].get("knob"))
+                tuning[m].append({"lr": lr, "batch": batch, "knob": knob, **r})
+                say(f"  tune {name} {m:16} lr {lr:<5} batch {batch:<4} knob {knob}: "
+                    + _said(r, metric))
+    # 2. BSP's most accurate grid point, over the target seeds: the median final validation
+    # accuracy minus the margin (one seed's best of a grid is an optimistic target: the tuned
+    # BSP itself missed it in 5 of 5 measuring seeds).
+    top = max(tuning["bsp"], key=lambda t: metric.rank(t["final_val"]))
+    others = [seed for seed in proto["target_seeds"] if seed != proto["tune_seed"]]
+    target_runs = [top] + [run("bsp", top["lr"], top["batch"], None, seed) for seed in others]
+    finals = [r["final_val"] for r in target_runs]
+    if any(v is None for v in finals):
+        raise RuntimeError(f"{name}: BSP diverged on a target seed at its best grid point "
+                           f"(lr {top['lr']}, batch {top['batch']}): no target")  # fmt: skip
+    median = statistics.median(finals)
+    target = metric.target(median, proto["margin"])
+    say(f"  {name}: target {metric.show(target)} {metric.name} (BSP lr {top['lr']}, "
+        f"batch {top['batch']}: finals {', '.join(metric.show(v) for v in finals)})")
+
+    # Choices are made against BSP's median itself (the target plus the margin): a setting
+    # that barely crossed the target on the tuning seed misses it on others (in the run before
+    # this rule the tuned BSP reached it in 0 of 5 measuring seeds).
+    bar = median
+
+    def candidates(m: str) -> list[dict[str, Any]]:
+        for t in tuning[m]:
+            t["tta"] = first_reaching(t["val"], bar, metric)
+            t["final"] = metric.rank(t["final_val"])
+        return tuning[m]
+
+    chosen: dict[str, dict[str, Any]] = {}
+    for m in methods:  # 3. the grid's best, then the knob's other values there
+        best = pick(candidates(m))
+        for value in work["methods"][m].get("values", [])[1:]:
+            r = run(m, best["lr"], best["batch"], value, proto["tune_seed"])
+            tuning[m].append({"lr": best["lr"], "batch": best["batch"], "knob": value, **r})
+            say(f"  tune {name} {m:16} lr {best['lr']:<5} batch {best['batch']:<4} knob "
+                f"{value}: " + _said(r, metric))
+        best = pick(candidates(m))
+        chosen[m] = {"lr": best["lr"], "batch": best["batch"], "knob": best["knob"]}
+        reached = "never" if best["tta"] is None else f"{best['tta']:.1f} s"
+        say(f"  {name} {m}: chose {chosen[m]} (to {metric.show(bar)} on validation: "
+            f"{reached})")
+    return {"target": target, "target_finals": finals,
+            "target_setting": {"lr": top["lr"], "batch": top["batch"]}, "chosen": chosen,
+            "tuning": tuning}  # fmt: skip
 
 
 def table(name: str, res: dict[str, Any]) -> str:
@@ -304,7 +326,9 @@ def table(name: str, res: dict[str, Any]) -> str:
             f"Target: {metric.show(res['target'])} {metric.name}: BSP at lr "
             f"{res['target_setting']['lr']}, batch {res['target_setting']['batch']} ended at "
             + ", ".join(metric.show(v) for v in res["target_finals"])
-            + " over the target seeds; their median, less good by the margin.", "",
+            + " over the target seeds; their median, less good by the margin."
+            + (f" Target and choices frozen from {res['frozen_from'] or 'an earlier run'}."
+               if "frozen_from" in res else ""), "",
             f"| method | lr, batch, knob | to target (validation) | / tuned BSP | final test "
             f"{metric.key} | final validation {metric.key} | every seed: time to target |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -384,6 +408,17 @@ def prepare_data(work: dict[str, Any]) -> None:
                          "(its output is above)")  # fmt: skip
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers, at least one."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds {text!r}: give comma-separated integers, e.g. 3,4") from None
+    if not seeds:
+        raise SystemExit(f"--seeds {text!r}: give at least one seed, e.g. 3,4")
+    return seeds
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", type=Path, default=WORKLOAD, help="a workload file (TOML)")
@@ -396,6 +431,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick-peers", action="store_true",
                    help="the same with BSP and the peers (Horovod, DDP) on shared memory")
     p.add_argument("--tables", default="", help="also write the markdown tables to this file")
+    p.add_argument("--frozen", type=Path, default=None,
+                   help="measure only, at an earlier run's target and choices: its last JSON "
+                        "line in a file (or {scenario: {target, chosen, target_finals, "
+                        "target_setting, from}})")  # fmt: skip
+    p.add_argument("--seeds", default="",
+                   help="comma-separated measuring seeds (default: the workload's), e.g. the "
+                        "seeds an earlier run did not finish, with --frozen")  # fmt: skip
     p.add_argument("--scenario", default="", help=argparse.SUPPRESS)  # a launched scenario
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -412,11 +454,16 @@ def main(argv: list[str] | None = None) -> int:
         work = quick_peers(work)
     if args.methods:
         work = only_methods(work, [m for m in args.methods.split(",") if m])
+    if args.seeds:
+        work = {**work, "protocol": {**work["protocol"], "seeds": parse_seeds(args.seeds)}}
     if under_mpi():  # one scenario's protocol, launched by the plain process below
         comm.abort_on_exception()
         comm.init()
         rank0 = comm.rank() == 0
-        res = scenario_protocol(work, args.scenario, lambda m: rank0 and print(m, flush=True))
+        frozen = (load_frozen(args.frozen, [args.scenario], work)[args.scenario]
+                  if args.frozen else None)  # fmt: skip
+        res = scenario_protocol(work, args.scenario, lambda m: rank0 and print(m, flush=True),
+                                frozen)  # fmt: skip
         _peer_runs.close()
         res["hosts"] = comm.allgather_object(socket.gethostname())  # a testbed's: its nodes
         res["testbed"] = os.environ.get("HETHPC_TESTBED")
@@ -437,11 +484,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: left out, a testbed scenario (docs/testbed.md); this host lacks "
                   f"{lack}", flush=True)  # fmt: skip
             names.remove(name)
+    if args.frozen:
+        load_frozen(args.frozen, names, work)  # refused here, before any launch
     prepare_data(work)
     quick_flags = [f for f, on in (("--quick", args.quick), ("--quick-peers", args.quick_peers))
                    if on]  # fmt: skip
     if args.methods:
         quick_flags += ["--methods", args.methods]
+    if args.seeds:
+        quick_flags += ["--seeds", args.seeds]
+    if args.frozen:
+        quick_flags += ["--frozen", str(args.frozen.resolve())]
     started, results = time.time(), {}
     commit = _commit()
     with tempfile.TemporaryDirectory(prefix="bench-evidence-") as d:

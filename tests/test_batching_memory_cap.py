@@ -42,8 +42,11 @@ def test_caps_are_one_per_rank_and_refused_pipelines_and_negative_limits() -> No
     assert caps_for((64, 32), 2) == [64, 32]
     with pytest.raises(ValueError, match="gives 3 caps for 2 ranks"):
         caps_for((1, 2, 3), 2)
-    with pytest.raises(ConfigError, match="raise micro_batches"):
+    with pytest.raises(ConfigError, match="raise micro_batches .* or give max_rank_batch auto"):
         TrainConfig(max_rank_batch="64", pipeline_stages=2)
+    with pytest.raises(ConfigError, match="add pipeline_balance time \\(now 'params'\\)"):
+        TrainConfig(max_rank_batch="auto", pipeline_stages=2)
+    TrainConfig(max_rank_batch="auto", pipeline_stages=2, pipeline_balance="time")
     with pytest.raises(ConfigError, match="memory_limit_gb must be 0"):
         TrainConfig(memory_limit_gb=-1.0)
 

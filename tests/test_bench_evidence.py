@@ -224,6 +224,23 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
     assert f"### {name}" in (tmp_path / "t.md").read_text()
     assert result["commit"]
 
+    # the same run's last line, frozen: one more seed measured at its target and choices
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(proc.stdout.strip().splitlines()[-1])
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick",
+         "--frozen", str(frozen), "--seeds", "2"],
+        capture_output=True, text=True, timeout=200, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "190"},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    more = json.loads(again.stdout.strip().splitlines()[-1])["detail"][name]
+    assert "tune " not in again.stdout and "measuring only" in again.stdout
+    assert more["target"] == res["target"] and more["chosen"] == res["chosen"]
+    assert more["tuning"] == {} and "frozen_from" in more
+    assert {m: [r["seed"] for r in rs] for m, rs in more["runs"].items()} == {
+        m: [2] for m in res["runs"]}
+
 
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
 @pytest.mark.timeout(300)
@@ -271,3 +288,29 @@ def test_methods_cut_every_scenario_and_keep_bsp() -> None:
     assert work["scenarios"]["demo"]["methods"][-2:] == ["diloco", "ssp"]  # not changed
     with pytest.raises(SystemExit, match="unknown method.*dilco"):
         bench_evidence.only_methods(work, ["dilco"])
+
+
+def test_frozen_choices_name_what_is_missing(tmp_path: Path) -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    name = next(iter(work["scenarios"]))
+    methods = work["scenarios"][name]["methods"]
+    chosen = {m: {"lr": 0.1, "batch": 128, "knob": None} for m in methods}
+    whole = {"target": 0.97, "chosen": chosen, "target_finals": [0.975], "target_setting": {}}
+    f = tmp_path / "frozen.json"
+    f.write_text(json.dumps({"detail": {name: whole}}))  # an earlier run's last line
+    assert _protocol.load_frozen(f, [name], work)[name]["target"] == 0.97
+    f.write_text(json.dumps({name: whole}))
+    with pytest.raises(SystemExit, match=r"frozen.json: no frozen choices for the scenario x; "):
+        _protocol.load_frozen(f, ["x"], work)
+    f.write_text(json.dumps({name: {**whole, "chosen": {}}}))
+    with pytest.raises(SystemExit, match=rf"\[{name}\] chose nothing for the method bsp"):
+        _protocol.load_frozen(f, [name], work)
+    f.write_text(json.dumps({name: {k: v for k, v in whole.items() if k != "target"}}))
+    with pytest.raises(SystemExit, match=rf"\[{name}\] needs 'target'"):
+        _protocol.load_frozen(f, [name], work)
+    f.write_text("{not json")
+    with pytest.raises(SystemExit, match="frozen.json: cannot read the frozen choices"):
+        _protocol.load_frozen(f, [name], work)
+    assert bench_evidence.parse_seeds("3, 4") == [3, 4]
+    with pytest.raises(SystemExit, match="--seeds 'three'"):
+        bench_evidence.parse_seeds("three")

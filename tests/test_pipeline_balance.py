@@ -269,3 +269,52 @@ def test_stalls_stretch_a_ranks_profile_by_mean_over_median() -> None:
     assert all(p.grad is None for p in model.parameters())
     p = LayerProfile((1.0, 2.0), (0.5, 2.0), 0.25, (True, True))
     assert profile._stretched(p, 2.0) == LayerProfile((2.0, 4.0), (1.0, 4.0), 0.5, (True, True))
+
+
+def test_a_chunk_whose_ranks_lack_memory_gets_the_layers_that_fit() -> None:
+    even = [1.0] * 8
+    mem = [[10.0] * 8, [10.0] * 8]
+    assert balance_chunks([even, even], memory=mem, limits=[None, None]) == (4, 4)
+    # chunk 0's ranks hold 30 bytes of layers: 3 of them, though its time allows 4
+    assert balance_chunks([even, even], memory=mem, limits=[30.0, None]) == (3, 5)
+    # memory binds the faster rank below its time share: slowest chunk 5 layers x 1.0 = 5
+    assert balance_chunks([even, [0.5] * 8], memory=mem, limits=[None, 20.0]) == (6, 2)
+    # a chunk's own bytes differ (more activations in flight on chunk 0 under 1F1B)
+    assert balance_chunks([even, even], memory=[[20.0] * 8, [5.0] * 8],
+                          limits=[60.0, 60.0]) == (3, 5)  # fmt: skip
+    # whatever the memory, it is a cut: every layer on one chunk, in order
+    for lim in (40.0, 50.0, 70.0):
+        got = balance_chunks([even, even], memory=mem, limits=[lim, lim])
+        assert sum(got) == 8 and all(10.0 * c <= lim for c in got)
+
+
+@pytest.mark.parametrize(
+    ("limits", "match"),
+    [
+        pytest.param([5.0, None], r"layer 0 alone needs 0.0 MiB on chunk 0", id="one-layer"),
+        pytest.param([30.0, 30.0], r"need about 0.0 MiB in all and the limited chunks \[0, 1\]",
+                     id="the-whole"),  # fmt: skip
+    ],
+)
+def test_no_cut_within_memory_is_one_message_with_the_fix(
+    limits: list[float | None], match: str
+) -> None:
+    with pytest.raises(BalanceError, match=match + ".*give more micro-batches"):
+        balance_chunks([[1.0] * 8] * 2, memory=[[10.0] * 8] * 2, limits=limits)
+    with pytest.raises(BalanceError, match=r"one vector of 8 layer bytes per chunk"):
+        balance_chunks([[1.0] * 8] * 2, memory=[[10.0] * 7] * 2, limits=[None, None])
+
+
+def test_the_profile_counts_each_layers_activations_and_parameters() -> None:
+    from hethpc.pipeline.profile import layer_memory
+
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    profile = profile_layers(model, torch.randn(32, 16), repeats=1)
+    # a Linear keeps its input (32 x 16 floats), a ReLU its output (32 x 64), the last Linear
+    # its input (32 x 64); parameters are not activations
+    assert profile.saved_bytes == (32 * 16 * 4, 32 * 64 * 4, 32 * 64 * 4)
+    assert profile.param_bytes == ((16 * 64 + 64) * 4, 0, (64 * 4 + 4) * 4)
+    twice = profile_layers(model, torch.randn(64, 16), repeats=1).saved_bytes
+    assert twice == tuple(2 * b for b in profile.saved_bytes)  # per micro-batch: by its rows
+    assert layer_memory(profile, 3, 4.0) == tuple(
+        3 * a + 4 * p for a, p in zip(profile.saved_bytes, profile.param_bytes, strict=True))

@@ -12,6 +12,7 @@ from hethpc.pipeline.runner import tag
 from hethpc.pipeline.schedule import (
     Task,
     bubble_fraction,
+    chunk_in_flight,
     chunk_of,
     chunks_per_stage,
     clock,
@@ -286,3 +287,14 @@ def test_message_tags_are_unique_and_within_mpi_bounds(name: str) -> None:
     if name == "zbv":  # its limit is the tags': one more micro-batch would not fit
         assert 2 * tag(m, "B", lanes - 1, lanes) + 1 > MPI_TAG_UB
     assert [tag(i, k) for i in range(2) for k in "FB"] == [0, 1, 2, 3]  # one lane: as before
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [("gpipe", [6, 6, 6]), ("1f1b", [3, 2, 1]), ("zb", [3, 3, 3]), ("zbv", [6, 5, 4, 3, 2, 1])],
+)
+def test_each_chunk_holds_its_in_flight_micro_batches(name: str, want: list[int]) -> None:
+    table = make_schedule(name, 3, 6)
+    assert [chunk_in_flight(table, c) for c in range(len(want))] == want
+    if name != "zbv":  # one chunk per stage: the stage's own peak
+        assert [peak_in_flight(table, s) for s in range(3)] == want

@@ -451,6 +451,28 @@ def test_pipeline_resume_recut_moves_the_stages_and_trains_on_exactly(
         assert len(moved) == sum(1 for k in held if k.endswith((".weight", ".bias")))
 
 
+def test_pipeline_cut_within_each_ranks_memory(cache: Path, tmp_path: Path) -> None:
+    # max_rank_batch auto with a cut by time: each stage's parameters, Adam's state and the
+    # activations 1F1B keeps in flight stay within 80 % of its rank's memory (here the limit
+    # given); a limit below what the process already holds leaves no cut, one message.
+    argv = [*_PIPELINE_ARGS, "--cache-dir", str(cache), "--pipeline-balance", "time",
+            "--max-rank-batch", "auto", "--max-steps", "10"]  # fmt: skip
+    proc, _ = _launch([*argv, "--memory-limit-gb", "64", "--run-dir", str(tmp_path / "a")],
+                      timeout=180)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    (need0, limit0), (need1, limit1) = summary["chunk_memory_mib"]
+    assert 0 < need0 <= limit0 and 0 < need1 <= limit1 and limit0 > 40_000, summary
+    assert "within memory: chunk 0" in out and "max_rank_batch" not in summary, out
+    proc, _ = _launch([*argv, "--memory-limit-gb", "0.01", "--run-dir", str(tmp_path / "b")],
+                      timeout=180)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert out.count("no pipeline cut fits the ranks' memory") == 1, out
+    assert "give more micro-batches" in out and "Traceback" not in out, out
+
+
 def test_pipeline_replicas_get_batches_by_their_speed(cache: Path, tmp_path: Path) -> None:
     # P=2 stages x D=2 replicas on 4 ranks; replica 1 emulated 3x slower: dynamic batching
     # gives it the smaller share, the same on both of its stages, and training still works.

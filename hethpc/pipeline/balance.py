@@ -86,10 +86,12 @@ def balance_chunks(
     first_costs: Sequence[float] | None = None,
     last_extra: float = 0.0,
     holds: Sequence[bool] | None = None,
+    memory: Sequence[Sequence[float]] | None = None,
+    limits: Sequence[float | None] | None = None,
 ) -> tuple[int, ...]:
     """:func:`balance_costs` where each chunk has its own layer costs: ``costs[k][i]`` is what
     layer ``i`` costs if chunk ``k`` holds it (measured on the rank that runs chunk ``k``, so a
-    rank twice as slow gets about half the work).
+    rank twice as slow gets about half the work), and may have a memory limit.
 
     Args:
         costs: one cost vector per chunk, in chunk order, each with one cost per layer.
@@ -97,10 +99,13 @@ def balance_chunks(
             ``costs[0]``).
         last_extra: added to the last chunk's cost.
         holds: see :func:`balance_costs`.
+        memory: with ``limits``: ``memory[k][i]`` bytes layer ``i`` needs if chunk ``k``
+            holds it; a chunk's layers together stay within ``limits[k]`` (None: no limit).
 
     Raises:
-        BalanceError: no chunk, more chunks than layers, vectors of different lengths, or a
-            negative cost.
+        BalanceError: no chunk, more chunks than layers, vectors of different lengths, a
+            negative cost, or no cut keeps every chunk within its memory limit (the message
+            says what is short).
     """
     stages = len(costs)
     if stages < 1:
@@ -123,6 +128,8 @@ def balance_chunks(
     held = _prefix([1.0 if h else 0.0 for h in holds]) if holds is not None else None
     if held is not None and held[-1] < stages:
         held = None  # too few layers with parameters: some stage must go without
+    mem = _memory_prefixes(memory, limits, stages, n)
+    lims: Sequence[float | None] = limits if limits is not None else ()
     inf = float("inf")
     # best[k][i]: smallest max-stage cost of the first i layers in k stages;
     # cut[k][i]: where stage k starts in that split.
@@ -135,10 +142,15 @@ def balance_chunks(
             for j in range(k - 1, i):
                 if held is not None and held[i] == held[j]:
                     continue  # layers j .. i-1 hold no parameters
+                if mem is not None and not _fits(mem, lims, k - 1, j, i):
+                    continue
                 prefix = prefix_first if j == 0 else prefixes[k - 1]
                 cost = max(best[k - 1][j], prefix[i] - prefix[j] + tail)
                 if cost < best[k][i] - 1e-12 * max(1.0, abs(cost)):
                     best[k][i], cut[k][i] = cost, j
+    if best[stages][n] == inf:
+        assert memory is not None and limits is not None  # only a memory limit rules all out
+        raise BalanceError(_no_fit(memory, limits, n))
     bounds = [n]
     for k in range(stages, 0, -1):
         bounds.append(cut[k][bounds[-1]])
@@ -186,6 +198,57 @@ def _checked(
             + ("" if last_extra >= 0 else f", last_extra {last_extra}")
         )
     return rest, first, float(last_extra)
+
+
+def _memory_prefixes(
+    memory: Sequence[Sequence[float]] | None,
+    limits: Sequence[float | None] | None,
+    stages: int,
+    n: int,
+) -> list[list[float]] | None:
+    if memory is None or limits is None:
+        return None
+    if len(memory) != stages or len(limits) != stages or any(len(m) != n for m in memory):
+        raise BalanceError(
+            f"memory needs one vector of {n} layer bytes per chunk and limits one per chunk "
+            f"({stages}), got {[len(m) for m in memory]} and {len(limits)}"
+        )
+    if any(v < 0 for m in memory for v in m):
+        raise BalanceError("layer memory must be non-negative bytes")
+    return [_prefix(m) for m in memory]
+
+
+def _fits(
+    mem: list[list[float]], limits: Sequence[float | None], chunk: int, start: int, end: int
+) -> bool:
+    """Whether layers ``start .. end-1`` fit chunk ``chunk``'s memory limit."""
+    limit = limits[chunk]
+    return limit is None or mem[chunk][end] - mem[chunk][start] <= limit
+
+
+def _no_fit(memory: Sequence[Sequence[float]], limits: Sequence[float | None], n: int) -> str:
+    """Why no cut fits: the largest layer on the tightest chunk, or the whole against the
+    chunks' limits together."""
+    mib = 2.0**20
+    limited = [k for k, lim in enumerate(limits) if lim is not None]
+    for k in limited:
+        big = max(range(n), key=lambda i: memory[k][i])
+        if memory[k][big] > float(limits[k] or 0.0):
+            return (
+                f"no pipeline cut fits the ranks' memory: layer {big} alone needs "
+                f"{memory[k][big] / mib:.1f} MiB on chunk {k}, whose ranks have "
+                f"{float(limits[k] or 0.0) / mib:.1f} MiB for it; give more micro-batches "
+                "(smaller ones hold fewer activations), more memory (memory_limit_gb), or "
+                "more stages"
+            )
+    need = min(sum(m) for m in memory) / mib
+    have = sum(float(limits[k] or 0.0) for k in limited) / mib
+    return (
+        f"no pipeline cut fits the ranks' memory: the layers need about {need:.1f} MiB "
+        f"in all and the limited chunks {limited} have {have:.1f} MiB for them; give more "
+        "micro-batches (smaller ones hold fewer activations), more memory (memory_limit_gb), "
+        "or more stages"
+    )
 
 
 def _prefix(costs: Sequence[float]) -> list[float]:

@@ -11,8 +11,14 @@ from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.errors import PipelineError
 from hethpc.pipeline.groups import PipelineGroups, make_pipeline_groups
 from hethpc.pipeline.pipe import Pipeline, default_device
-from hethpc.pipeline.profile import SpeedCosts, measure_speeds
-from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
+from hethpc.pipeline.profile import MemoryBudget, SpeedCosts, measure_speeds
+from hethpc.pipeline.schedule import (
+    V_SCHEDULES,
+    chunk_in_flight,
+    chunks_per_stage,
+    make_schedule,
+    v_chunks,
+)
 from hethpc.pipeline.stage import LossFn
 
 
@@ -98,21 +104,27 @@ def choose_balance(
     sample: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss_fn: LossFn | None = None,
     device: torch.device | str | None = None,
+    memory: MemoryBudget | None = None,
 ) -> tuple[int, ...]:
     """The layers per chunk (in chunk order) that ``balance`` gives: "params" (also None) or
-    "time" (see :func:`build_pipeline`, whose arguments these are).
+    "time" (see :func:`build_pipeline`, whose arguments these are), with "time" each chunk
+    within its ranks' ``memory`` (:func:`memory_budget`; None: memory not counted).
 
     Raises:
-        PipelineError: an unknown ``balance``, or "time" without a ``sample``.
-        BalanceError: the model cannot be cut into that many chunks.
+        PipelineError: an unknown ``balance``, "time" without a ``sample``, or ``memory``
+            with "params".
+        BalanceError: the model cannot be cut into that many chunks, or not within memory.
     """
     parts = stages * chunks_per_stage(schedule)
+    if memory is not None and balance != "time":
+        raise PipelineError("a cut within the ranks' memory measures the layers: use "
+                            'balance="time"')  # fmt: skip
     if balance is None or balance == "params":
         return tuple(partition_by_params(model, parts))
     if balance == "time":
         return speed_costs(
             model, stages=stages, schedule=schedule, micro_batches=micro_batches, sample=sample,
-            loss_fn=loss_fn, device=device,
+            loss_fn=loss_fn, device=device, memory=memory,
         ).balance()  # fmt: skip
     raise PipelineError(f"balance must be 'params', 'time' or layers per stage, got {balance!r}")
 
@@ -126,10 +138,12 @@ def speed_costs(
     sample: tuple[torch.Tensor, torch.Tensor] | None = None,
     loss_fn: LossFn | None = None,
     device: torch.device | str | None = None,
+    memory: MemoryBudget | None = None,
 ) -> SpeedCosts:
     """Each layer's measured cost on each chunk's ranks, on one micro-batch of ``sample`` (a
-    collective over the world: :func:`~hethpc.pipeline.profile.measure_speeds`); what
-    ``balance="time"`` cuts by, and what a resumed run weighs its saved cut with.
+    collective over the world: :func:`~hethpc.pipeline.profile.measure_speeds`), and with
+    ``memory`` its bytes there and each chunk's limit; what ``balance="time"`` cuts by, and
+    what a resumed run weighs its saved cut with.
 
     Raises:
         PipelineError: no ``sample``.
@@ -143,5 +157,18 @@ def speed_costs(
     assert len(placement) == parts
     return measure_speeds(
         model, placement, sample[0][:rows].to(dev), target=sample[1][:rows].to(dev),
-        loss_fn=loss_fn,
+        loss_fn=loss_fn, memory=memory,
     )  # fmt: skip
+
+
+def memory_budget(
+    left: int | None, *, stages: int, schedule: str, micro_batches: int, state_copies: float
+) -> MemoryBudget:
+    """The :class:`~hethpc.pipeline.profile.MemoryBudget` of this rank under ``schedule``:
+    ``left`` bytes (None: not known), each chunk holding the activations of as many
+    micro-batches as the schedule keeps in flight on it, and ``state_copies`` bytes per byte
+    of trainable parameter (parameter, gradient, optimizer state)."""
+    table = make_schedule(schedule, stages, micro_batches)
+    chunks = stages * chunks_per_stage(schedule)
+    return MemoryBudget(left, tuple(chunk_in_flight(table, c) for c in range(chunks)),
+                        state_copies)  # fmt: skip

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from torch import nn
 from hethpc import comm
 from hethpc.comm import Group
 from hethpc.pipeline.balance import balance_chunks, balance_costs, chunk_costs, stage_costs
+from hethpc.pipeline.errors import BalanceError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,12 +41,17 @@ class LayerProfile:
         loss_s: the loss's forward and backward on the model's output (the last stage's).
         trainable: whether each layer holds trainable parameters (empty: not known); the
             balance gives every stage one when there are enough.
+        saved_bytes: the bytes each layer keeps for its backward pass on the micro-batch
+            (its activations, parameters not counted; empty: not measured).
+        param_bytes: each layer's trainable parameters, bytes.
     """
 
     layer_s: tuple[float, ...]
     first_stage_s: tuple[float, ...]
     loss_s: float = 0.0
     trainable: tuple[bool, ...] = ()
+    saved_bytes: tuple[int, ...] = ()
+    param_bytes: tuple[int, ...] = ()
 
     @property
     def whole_s(self) -> float:
@@ -149,22 +155,71 @@ class SpeedCosts:
         first: each layer's seconds as in chunk 0 (no input gradient).
         last: the loss's seconds on the last chunk's slowest rank.
         holds: which layers hold trainable parameters.
+        memory: per chunk, the bytes each layer needs there (:func:`layer_memory`; empty:
+            memory not counted).
+        limits: per chunk, the bytes its ranks have for its layers (None: no limit).
     """
 
     costs: tuple[tuple[float, ...], ...]
     first: tuple[float, ...]
     last: float
     holds: tuple[bool, ...]
+    memory: tuple[tuple[float, ...], ...] = ()
+    limits: tuple[float | None, ...] = ()
 
     def balance(self) -> tuple[int, ...]:
-        """The layers per chunk minimising the slowest chunk (earliest cuts on ties)."""
+        """The layers per chunk minimising the slowest chunk (earliest cuts on ties), each
+        chunk within its memory limit where there are limits.
+
+        Raises:
+            BalanceError: no cut fits the memory limits (the message says what is short).
+        """
         return balance_chunks(
-            self.costs, first_costs=self.first, last_extra=self.last, holds=self.holds or None
-        )
+            self.costs, first_costs=self.first, last_extra=self.last, holds=self.holds or None,
+            memory=self.memory or None, limits=self.limits or None,
+        )  # fmt: skip
+
+    def memory_use(self, balance: Sequence[int]) -> list[tuple[float, float | None]]:
+        """Each chunk's (bytes needed, limit) under ``balance``; empty without memory."""
+        if not self.memory:
+            return []
+        needs = chunk_costs(self.memory, balance)
+        return list(zip(needs, self.limits or [None] * len(needs), strict=True))
 
     def slowest(self, balance: Sequence[int]) -> float:
         """The slowest chunk's seconds per micro-batch under ``balance``, at these speeds."""
         return max(chunk_costs(self.costs, balance, first_costs=self.first, last_extra=self.last))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What the cut by speed keeps within each rank's memory (:func:`measure_speeds`).
+
+    Attributes:
+        left: the bytes this rank may still allocate (a GPU's free memory, on a CPU the
+            cgroup's limit or a stated one less what the process holds); None: not known,
+            which every rank refuses alike.
+        in_flight: per chunk, the most micro-batches whose activations it holds at once
+            under the schedule (:func:`~hethpc.pipeline.schedule.chunk_in_flight`).
+        state_copies: bytes kept per byte of trainable parameter: the parameter, its
+            gradient and the optimizer's state (SGD with momentum 3, Adam 4).
+        share: of ``left``, what the layers may take (the rest: transients, communication
+            buffers, the allocator's slack).
+    """
+
+    left: int | None
+    in_flight: tuple[int, ...]
+    state_copies: float = 3.0
+    share: float = 0.8
+
+
+def layer_memory(profile: LayerProfile, in_flight: int, state_copies: float) -> tuple[float, ...]:
+    """Each layer's bytes on a chunk that holds ``in_flight`` micro-batches' activations: its
+    saved activations times ``in_flight``, plus its parameters times ``state_copies``."""
+    return tuple(
+        a * in_flight + p * state_copies
+        for a, p in zip(profile.saved_bytes, profile.param_bytes, strict=True)
+    )
 
 
 def measure_speeds(
@@ -175,6 +230,7 @@ def measure_speeds(
     target: torch.Tensor | None = None,
     loss_fn: LossFn | None = None,
     repeats: int = 5,
+    memory: MemoryBudget | None = None,
 ) -> SpeedCosts:
     """Every world rank profiles every layer on itself (at once, each on its own device); the
     profiles are gathered, and chunk ``c`` is costed by the slowest of the ranks that run it
@@ -186,11 +242,19 @@ def measure_speeds(
         placement: the stage of each chunk, in chunk order (``range(P)``, or a V's).
         sample: one micro-batch of input, on this rank's device.
         target, loss_fn, repeats: as in :func:`profile_layers`.
+        memory: keep each chunk within the memory of the ranks that run it (the least of
+            them, shared evenly among a stage's chunks in a V); None: memory not counted.
+
+    Raises:
+        BalanceError: on every rank alike, with ``memory``: a rank that does not know its
+            memory (naming it and the fix).
     """
     mine = _measure(model, sample, target, loss_fn, max(1, int(repeats)))
     if sample.device.type == "cpu":  # a CPU quota stalls a rank now and then: count the stalls
         mine = _stretched(mine, _stall_factor(model, sample))
-    profiles: list[LayerProfile] = comm.allgather_object(mine)
+    left = memory.left if memory is not None else None
+    gathered: list[tuple[LayerProfile, int | None]] = comm.allgather_object((mine, left))
+    profiles = [p for p, _ in gathered]
     stages = max(placement) + 1
     replicas = max(1, len(profiles) // stages)
 
@@ -198,11 +262,31 @@ def measure_speeds(
         ranks = [profiles[d * stages + stage] for d in range(replicas)]
         return tuple(max(v) for v in zip(*(values(p) for p in ranks), strict=True))
 
+    mem: tuple[tuple[float, ...], ...] = ()
+    limits: tuple[float | None, ...] = ()
+    if memory is not None:
+        unknown = [r for r, (_, b) in enumerate(gathered) if b is None]
+        if unknown:
+            raise BalanceError(
+                f"the pipeline cut within memory needs every rank's memory, and rank(s) "
+                f"{unknown} know none: on a CPU set a cgroup memory limit or memory_limit_gb "
+                "(--memory-limit-gb) on those ranks; or max_rank_batch none"
+            )
+        per_stage = [placement.count(s) for s in range(stages)]
+        mem = tuple(layer_memory(mine, memory.in_flight[c], memory.state_copies)
+                    for c in range(len(placement)))  # fmt: skip
+        limits = tuple(
+            memory.share * min(int(gathered[d * stages + s][1] or 0) for d in range(replicas))
+            / per_stage[s]
+            for s in placement
+        )
     return SpeedCosts(
         costs=tuple(slowest(lambda p: p.layer_s, s) for s in placement),
         first=slowest(lambda p: p.first_stage_s, placement[0]),
         last=max(profiles[d * stages + placement[-1]].loss_s for d in range(replicas)),
         holds=mine.trainable,
+        memory=mem,
+        limits=limits,
     )
 
 
@@ -214,17 +298,20 @@ def partition_by_speed(
     target: torch.Tensor | None = None,
     loss_fn: LossFn | None = None,
     repeats: int = 5,
+    memory: MemoryBudget | None = None,
 ) -> tuple[int, ...]:
     """Balance chunks by the time each layer takes on the rank that will run it, so that a
-    slower rank gets less work (:func:`measure_speeds`, then :meth:`SpeedCosts.balance`). All
-    world ranks call this and get the same balance.
+    slower rank gets less work (:func:`measure_speeds`, then :meth:`SpeedCosts.balance`),
+    each within its ranks' memory with ``memory``. All world ranks call this and get the same
+    balance.
 
     Raises:
-        BalanceError: more chunks than layers.
+        BalanceError: more chunks than layers, or no cut fits the memory.
     """
     return measure_speeds(
-        model, placement, sample, target=target, loss_fn=loss_fn, repeats=repeats
-    ).balance()
+        model, placement, sample, target=target, loss_fn=loss_fn, repeats=repeats,
+        memory=memory,
+    ).balance()  # fmt: skip
 
 
 #: How long :func:`_stall_factor` runs whole passes: several periods of a CFS quota (100 ms).
@@ -251,11 +338,11 @@ def _stall_factor(model: nn.Sequential, sample: torch.Tensor) -> float:
 
 
 def _stretched(profile: LayerProfile, factor: float) -> LayerProfile:
-    return LayerProfile(
-        tuple(t * factor for t in profile.layer_s),
-        tuple(t * factor for t in profile.first_stage_s),
-        profile.loss_s * factor,
-        profile.trainable,
+    return replace(
+        profile,
+        layer_s=tuple(t * factor for t in profile.layer_s),
+        first_stage_s=tuple(t * factor for t in profile.first_stage_s),
+        loss_s=profile.loss_s * factor,
     )
 
 
@@ -277,11 +364,17 @@ def _measure(
     loss_t: list[float] = []
     # Each run walks every layer, so that the host's drifting speed (10-30 % within seconds
     # on a shared machine) hits all layers alike instead of those timed last.
+    saved = [0] * len(model)
     for run in range(repeats + 1):  # the first is a warm-up
         x = sample
         for k, layer in enumerate(model):
             with _on(layer, dev):  # one layer at a time on the device: the model may not fit
-                y = _timed(layer, x, x.is_floating_point(), grads, k, with_grad[k], run, dev)
+                if run == 0:  # the warm-up also counts what the layer keeps for backward
+                    with _SavedBytes(layer) as count:
+                        y = _timed(layer, x, x.is_floating_point(), grads, k, [], run, dev)
+                    saved[k] = count.bytes
+                else:
+                    y = _timed(layer, x, x.is_floating_point(), grads, k, with_grad[k], run, dev)
                 if k <= no_grad_upto:  # as on the first stage: the input needs no gradient
                     _timed(layer, x, False, grads, k, first[k], run, dev)
                 layer.zero_grad(set_to_none=True)
@@ -298,7 +391,39 @@ def _measure(
                 loss_t.append(time.perf_counter() - t0)
     layer_s = tuple(_median(t) for t in with_grad)
     first_s = tuple(_median(t) if t else layer_s[k] for k, t in enumerate(first))
-    return LayerProfile(layer_s, first_s, _median(loss_t) if loss_t else 0.0, tuple(trainable))
+    params = tuple(
+        sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
+        for layer in model
+    )
+    return LayerProfile(layer_s, first_s, _median(loss_t) if loss_t else 0.0, tuple(trainable),
+                        tuple(saved), params)  # fmt: skip
+
+
+class _SavedBytes:
+    """Context manager: the bytes autograd keeps for backward inside it, each storage once,
+    ``layer``'s parameters not counted (they are there whatever the batch)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self._params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        self._seen: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._seen.values())
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self._params:
+            self._seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def __enter__(self) -> _SavedBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
 
 
 @contextmanager

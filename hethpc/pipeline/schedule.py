@@ -354,9 +354,22 @@ def peak_in_flight(table: Sequence[Task], stage: int) -> int:
     """Most micro-batches whose forward has run on ``stage`` but not yet their backward (their
     W, where the stage splits it): those whose activations the stage holds (counted per
     chunk where the stage holds several)."""
+    return _peak(table, stage, None)
+
+
+def chunk_in_flight(table: Sequence[Task], chunk: int) -> int:
+    """:func:`peak_in_flight` of one model chunk: the most micro-batches whose activations
+    chunk ``chunk`` holds at once."""
+    stage = next(t.stage for t in table if chunk_of(t) == chunk)
+    return _peak(table, stage, chunk)
+
+
+def _peak(table: Sequence[Task], stage: int, chunk: int | None) -> int:
     last = WEIGHT if has_weight_passes(table, stage) else BACKWARD
     live = peak = 0
     for t in stage_tasks(table, stage):
+        if chunk is not None and chunk_of(t) != chunk:
+            continue
         if t.kind == FORWARD:
             live += 1
         elif t.kind == last:

@@ -230,7 +230,7 @@ def make_caps(
             memory limit or with not one sample fitting (naming the rank).
     """
     spec = parse_max_rank_batch(cfg.max_rank_batch)
-    if spec is None:
+    if spec is None or cfg.pipeline_stages > 1:  # a pipeline's auto: its cut keeps to memory
         return [None] * replicas
     if isinstance(spec, tuple):
         try:

@@ -13,12 +13,16 @@ import torch
 from torch import nn
 
 from hethpc import comm
+from hethpc.batching.memory_cap import memory_left, parse_max_rank_batch
 from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
 from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import build_pipeline
-from hethpc.pipeline.build import choose_balance, speed_costs
+from hethpc.pipeline.build import choose_balance, memory_budget, speed_costs
+from hethpc.pipeline.errors import BalanceError
 from hethpc.pipeline.groups import make_pipeline_groups
+from hethpc.pipeline.pipe import default_device
+from hethpc.pipeline.profile import MemoryBudget
 from hethpc.pipeline.recut import move_stage_states, skeleton
 from hethpc.pipeline.schedule import V_SCHEDULES, chunks_per_stage, v_chunks
 from hethpc.sync import POLICIES
@@ -128,6 +132,15 @@ def check_stage_parameters(
     )
 
 
+def describe_memory(use: Sequence[tuple[float, float | None]]) -> str:
+    """``"chunk 0 12.0 of 40.0 MiB, chunk 1 ..."``: each chunk's bytes needed of its limit."""
+    return ", ".join(
+        f"chunk {c} {need / 2**20:.1f}" + ("" if lim is None else f" of {lim / 2**20:.1f}")
+        + " MiB"
+        for c, (need, lim) in enumerate(use)
+    )  # fmt: skip
+
+
 class PipelineStage:
     """This rank runs one stage of its replica's pipeline; world = stages x replicas.
 
@@ -158,6 +171,8 @@ class PipelineStage:
         self.saved_cut: tuple[int, ...] | None = None
         self.recut: tuple[float, float] | None = None
         self.moved_from: tuple[int, ...] | None = None  # the checkpoint's cut, if it moved
+        #: with max_rank_batch auto: each chunk's (bytes needed, bytes it has) under the cut
+        self.memory_use: list[tuple[float, float | None]] = []
         # names and shapes of the whole model, no data: what a checkpoint from another cut
         # is moved with (see adopt_checkpoint)
         self._skeleton = skeleton(model) if cfg.resume else None
@@ -209,16 +224,23 @@ class PipelineStage:
         lay = self.layout
         if saved is not None:
             self.saved_cut, by = saved
-        if saved is not None and by == cfg.pipeline_balance == "time":
+        if cfg.pipeline_balance == "time":
             speeds = speed_costs(
                 model, stages=lay.stages, schedule=cfg.schedule, micro_batches=cfg.micro_batches,
-                sample=sample, device=device,
+                sample=sample, device=device, memory=self._memory_budget(cfg, device),
             )  # fmt: skip
-            balance = speeds.balance()
-            before, after = speeds.slowest(saved[0]), speeds.slowest(balance)
-            if balance == saved[0] or before < RECUT_GAIN * after:
-                return saved[0]
-            self.recut = (before, after)
+            try:
+                balance = speeds.balance()
+            except BalanceError as e:  # no cut within the ranks' memory: alike on every rank
+                raise ConfigError(str(e), key="max_rank_batch") from None
+            if saved is not None and by == "time":
+                before, after = speeds.slowest(saved[0]), speeds.slowest(balance)
+                fits = all(lim is None or need <= lim for need, lim in speeds.memory_use(saved[0]))
+                if balance == saved[0] or (fits and before < RECUT_GAIN * after):
+                    self.memory_use = speeds.memory_use(saved[0])
+                    return saved[0]
+                self.recut = (before, after)
+            self.memory_use = speeds.memory_use(balance)
         elif saved is not None and by == cfg.pipeline_balance:
             return saved[0]  # by parameters: the same cut again
         else:
@@ -229,6 +251,20 @@ class PipelineStage:
         if cut_file is not None and comm.rank() == 0:
             cut_file.write_text(json.dumps({"balance": list(balance), "by": cfg.pipeline_balance}))
         return balance
+
+    @staticmethod
+    def _memory_budget(cfg: TrainConfig, device: torch.device | None) -> MemoryBudget | None:
+        """With ``max_rank_batch auto``: what the cut by time keeps each stage within (this
+        rank's memory left, the schedule's micro-batches in flight, the optimizer's state per
+        parameter); else None."""
+        if parse_max_rank_batch(cfg.max_rank_batch) != "auto":
+            return None
+        dev = device if device is not None else default_device()
+        slots = 2 if cfg.optimizer in ("adam", "adamw") else int(cfg.momentum != 0.0)
+        return memory_budget(
+            memory_left(dev, cfg.memory_limit_gb), stages=cfg.pipeline_stages,
+            schedule=cfg.schedule, micro_batches=cfg.micro_batches, state_copies=2 + slots,
+        )  # fmt: skip
 
     def adopt_checkpoint(
         self, state: dict[str, Any], make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
@@ -277,6 +313,7 @@ class PipelineStage:
             f"layers per {'chunk' if len(self.balance) > lay.stages else 'stage'} "
             f"{list(self.balance)}, {self.pipe.micro_batches} micro-batches "
             f"({self.pipe.schedule}), on {describe_device(self.device)}"
+            + (f"; within memory: {describe_memory(self.memory_use)}" if self.memory_use else "")
         )
 
     def compute(
@@ -321,6 +358,13 @@ class PipelineStage:
             "replicas": self.layout.replicas,
             "balance": list(self.balance),
             "recut_from": None if self.moved_from is None else list(self.moved_from),
+            **(
+                {"chunk_memory_mib": [
+                    [round(need / 2**20, 1), None if lim is None else round(lim / 2**20, 1)]
+                    for need, lim in self.memory_use]}
+                if self.memory_use
+                else {}
+            ),  # fmt: skip
             **run_facts(self.device),
         }
 

@@ -150,13 +150,15 @@ class Settings:
         "memory left: a GPU's free memory, on a CPU the cgroup's limit or --memory-limit-gb). "
         "A rank whose share of the global batch exceeds its cap computes it in micro-batches "
         "of at most the cap, gradients summed as with --accumulate; the shares still follow "
-        "speed (docs/training-job.md)",
+        "speed (docs/training-job.md). With pipeline stages only auto, with pipeline_balance "
+        "time: the cut keeps each stage's parameters, optimizer state and in-flight "
+        "activations within 80 % of its rank's memory (docs/pipeline.md)",
         operational=True,
     )
     memory_limit_gb: float = _f(
         0.0,
         "with max_rank_batch auto on a CPU: the memory this rank may use, GB (0: the cgroup's "
-        "limit, an error when there is none)",
+        "limit, an error when there is none); a pipeline's cut keeps each stage within it",
         operational=True,
         local=True,
     )

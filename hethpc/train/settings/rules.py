@@ -255,11 +255,20 @@ def _check_optimisation(cfg: Settings) -> None:
         caps = parse_max_rank_batch(cfg.max_rank_batch)
     except ValueError as e:
         raise ConfigError(str(e), key="max_rank_batch") from None
-    if caps is not None and cfg.pipeline_stages > 1:
+    if isinstance(caps, tuple) and cfg.pipeline_stages > 1:
         raise ConfigError(
             f"max_rank_batch = {cfg.max_rank_batch!r} caps a data-parallel rank's pass; "
             f"pipeline stages pass micro-batches already: with pipeline_stages > 1 raise "
-            f"micro_batches (now {cfg.micro_batches}) instead, and max_rank_batch none",
+            f"micro_batches (now {cfg.micro_batches}) for smaller passes, or give "
+            "max_rank_batch auto with pipeline_balance time (the cut keeps each stage within "
+            "its rank's memory)",
+            key="max_rank_batch",
+        )
+    if caps == "auto" and cfg.pipeline_stages > 1 and cfg.pipeline_balance != "time":
+        raise ConfigError(
+            "max_rank_batch = 'auto' with pipeline stages keeps each stage within its rank's "
+            "memory as the cut by time measures it: add pipeline_balance time (now "
+            f"{cfg.pipeline_balance!r}), or max_rank_batch none",
             key="max_rank_batch",
         )
     if not (cfg.memory_limit_gb >= 0 and math.isfinite(cfg.memory_limit_gb)):

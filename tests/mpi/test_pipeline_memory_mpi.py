@@ -1,0 +1,60 @@
+"""The cut by speed within each rank's memory: every rank measures its layers and states its
+memory, and every rank cuts alike; a rank that knows no memory is refused on every rank.
+
+One stage per rank, one replica (P = the world size); in a plain process there is no cut.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hethpc import comm
+from hethpc.pipeline import BalanceError
+from hethpc.pipeline.profile import MemoryBudget, measure_speeds
+
+ROWS, WIDTH, BLOCKS = 16, 64, 8
+LINEAR = (WIDTH * WIDTH + WIDTH) * 4  # one Linear's parameter bytes
+ACT = ROWS * WIDTH * 4  # what each layer keeps for backward on a micro-batch
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(m for _ in range(BLOCKS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())))
+
+
+@pytest.fixture
+def stages(world: tuple[int, int]) -> int:
+    if world[1] < 2:
+        pytest.skip("a cut needs 2 or more ranks")
+    return world[1]
+
+
+def test_the_last_stage_gets_only_what_its_memory_holds(stages: int) -> None:
+    # the last rank holds two Linear layers and their ReLUs (parameters, gradients and
+    # momentum: 3 copies; one micro-batch in flight), the others plenty
+    small = 2 * (3 * LINEAR + ACT) + 2 * ACT + 100
+    left = small if comm.rank() == stages - 1 else 1 << 40
+    budget = MemoryBudget(left, (1,) * stages, state_copies=3.0, share=1.0)
+    model = _model()
+    x = torch.randn(ROWS, WIDTH)
+    speeds = measure_speeds(model, list(range(stages)), x, repeats=1, memory=budget)
+    balance = speeds.balance()
+    got = comm.allgather_object(balance)
+    assert all(b == balance for b in got), got  # every rank cuts alike
+    assert sum(balance) == 2 * BLOCKS and balance[-1] <= 4, balance
+    for need, limit in speeds.memory_use(balance):
+        assert limit is None or need <= limit
+    assert speeds.limits[-1] == small and speeds.limits[0] == float(1 << 40)
+    # the same speeds without the limit cut the last stage more layers (an even share)
+    free = measure_speeds(model, list(range(stages)), x, repeats=1)
+    assert free.balance()[-1] > balance[-1]
+
+
+def test_a_rank_that_knows_no_memory_is_refused_on_every_rank(stages: int) -> None:
+    left = None if comm.rank() == 0 else 1 << 40
+    budget = MemoryBudget(left, (1,) * stages)
+    with pytest.raises(BalanceError, match=r"rank\(s\) \[0\] know none: .*memory_limit_gb"):
+        measure_speeds(_model(), list(range(stages)), torch.randn(ROWS, WIDTH), repeats=1,
+                       memory=budget)  # fmt: skip
