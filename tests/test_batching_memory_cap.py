@@ -4,6 +4,9 @@ capped run training the same parameters as an uncapped one."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +128,54 @@ def test_auto_without_a_known_memory_limit_says_how_to_give_one(
 ) -> None:
     from hethpc.batching import memory_cap
 
-    monkeypatch.setattr(memory_cap, "_cgroup_limit", lambda: None)
+    monkeypatch.setattr(memory_cap, "cgroup_limit", lambda: None)
     with pytest.raises(ConfigError, match=r"rank 0: max_rank_batch auto needs .* memory_limit_gb"):
         _fit(tmp_path, "auto", max_rank_batch="auto")
+
+
+def test_the_cgroup_limit_is_the_least_from_the_process_own_cgroup_up(tmp_path: Path) -> None:
+    from hethpc.batching.memory_cap import cgroup_limit
+
+    # v1: a SLURM-like tree, the job limited, the step below it not, the root "unlimited"
+    v1 = tmp_path / "v1"
+    for rel, text in (("", "9223372036854771712"), ("slurm/job_7", "4294967296"),
+                      ("slurm/job_7/step_0", "9223372036854771712")):  # fmt: skip
+        (v1 / "memory" / rel).mkdir(parents=True, exist_ok=True)
+        (v1 / "memory" / rel / "memory.limit_in_bytes").write_text(text + "\n")
+    own = "5:cpu:/\n4:memory:/slurm/job_7/step_0\n0::/\n"
+    assert cgroup_limit(own, v1) == 4 * 2**30
+    assert cgroup_limit("4:memory:/\n", v1) is None  # the root's "no limit"
+    # v2: one unified hierarchy, "max" for no limit
+    v2 = tmp_path / "v2"
+    (v2 / "a" / "b").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    (v2 / "a" / "memory.max").write_text("1073741824\n")
+    (v2 / "a" / "b" / "memory.max").write_text("max\n")
+    assert cgroup_limit("0::/a/b\n", v2) == 2**30
+    assert cgroup_limit("0::/\n", v2) is None and cgroup_limit("", v2) is None
+
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists(),
+    reason="needs root and the cgroup v1 memory controller",
+)
+def test_a_process_in_a_limited_cgroup_reads_its_limit() -> None:
+    # a real cgroup of 3 GiB; a child process moves itself into it and reads what auto reads
+    group = MEMORY_V1 / f"hethpc-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+        code = (
+            "import os, sys; from pathlib import Path\n"
+            f"Path({str(group)!r}, 'cgroup.procs').write_text(str(os.getpid()))\n"
+            "from hethpc.batching.memory_cap import cgroup_limit, memory_left\n"
+            "import torch; print(cgroup_limit(), memory_left(torch.device('cpu')))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split()  # fmt: skip
+        assert int(out[0]) == 3 * 2**30 and 0 < int(out[1]) < 3 * 2**30, out
+    finally:
+        group.rmdir()  # the child has exited: the group is empty

@@ -25,10 +25,7 @@ from pathlib import Path
 import torch
 
 AUTO_SHARE = 0.5  # of the memory left: gradients, optimizer state and transients take the rest
-_CGROUP_LIMITS = (
-    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
-    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
-)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 _NO_LIMIT = 1 << 60  # cgroup v1 writes about 2^63 for "no limit"
 
 
@@ -126,21 +123,44 @@ def memory_left(device: torch.device, limit_gb: float = 0.0) -> int | None:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    limit = int(limit_gb * 2**30) if limit_gb > 0 else _cgroup_limit()
+    limit = int(limit_gb * 2**30) if limit_gb > 0 else cgroup_limit()
     if limit is None:
         return None
     return max(0, limit - _resident_bytes())
 
 
-def _cgroup_limit() -> int | None:
-    for path in _CGROUP_LIMITS:
+def cgroup_limit(own: str | None = None, root: Path = CGROUP_ROOT) -> int | None:
+    """The memory limit of this process's cgroup: the least ``memory.max`` (v2) or
+    ``memory.limit_in_bytes`` (v1) from its own cgroup up to the root, as
+    ``/proc/self/cgroup`` (or ``own``, its text) places it; a batch system's job cgroup
+    (SLURM's ``.../job_N/step_M``) limits from there. None: no limit anywhere on the way."""
+    if own is None:
         try:
-            text = path.read_text().strip()
+            own = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return None
+    found = []
+    for line in own.splitlines():
+        _id, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "" and (root / "cgroup.controllers").exists():
+            found += _limits_up(root, path, "memory.max")  # v2: one unified hierarchy
+        elif "memory" in controllers.split(","):
+            found += _limits_up(root / "memory", path, "memory.limit_in_bytes")  # v1
+    return min(found) if found else None
+
+
+def _limits_up(mount: Path, path: str, name: str) -> list[int]:
+    """The limits in file ``name`` of cgroup ``path`` under ``mount`` and of its ancestors."""
+    parts = [p for p in path.strip().split("/") if p]
+    out = []
+    for depth in range(len(parts), -1, -1):
+        try:
+            text = (mount.joinpath(*parts[:depth]) / name).read_text().strip()
         except OSError:
             continue
         if text.isdigit() and int(text) < _NO_LIMIT:
-            return int(text)
-    return None
+            out.append(int(text))
+    return out
 
 
 def _resident_bytes() -> int:
