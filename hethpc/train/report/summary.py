@@ -35,6 +35,9 @@ ROWS: tuple[Row, ...] = (
     ("world_size", "ranks", str),
     ("pipeline_stages", "pipeline stages", str),
     ("replicas", "pipeline replicas", str),
+    ("chunk_memory_mib", "memory per pipeline chunk (of its limit)",
+     lambda v: " / ".join(f"{n:.0f}" + ("" if m is None else f" of {m:.0f}") + " MiB"
+                          for n, m in v)),
 )
 
 
