@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -56,13 +55,8 @@ class ActivationMeter:
             return tensor
         return _Saved(tensor, self)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._hooks.__exit__(exc_type, exc, tb)
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
         self._hooks = None
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -291,27 +292,17 @@ def measure_speeds(
 
 
 def partition_by_speed(
-    model: nn.Sequential,
-    placement: Sequence[int],
-    sample: torch.Tensor,
-    *,
-    target: torch.Tensor | None = None,
-    loss_fn: LossFn | None = None,
-    repeats: int = 5,
-    memory: MemoryBudget | None = None,
+    model: nn.Sequential, placement: Sequence[int], sample: torch.Tensor, **options: Any
 ) -> tuple[int, ...]:
     """Balance chunks by the time each layer takes on the rank that will run it, so that a
-    slower rank gets less work (:func:`measure_speeds`, then :meth:`SpeedCosts.balance`),
-    each within its ranks' memory with ``memory``. All world ranks call this and get the same
-    balance.
+    slower rank gets less work: :func:`measure_speeds` (``options`` are its keywords: the
+    target, the loss, the repeats, a memory budget), then :meth:`SpeedCosts.balance`. All
+    world ranks call this and get the same balance.
 
     Raises:
         BalanceError: more chunks than layers, or no cut fits the memory.
     """
-    return measure_speeds(
-        model, placement, sample, target=target, loss_fn=loss_fn, repeats=repeats,
-        memory=memory,
-    ).balance()  # fmt: skip
+    return measure_speeds(model, placement, sample, **options).balance()
 
 
 #: How long :func:`_stall_factor` runs whole passes: several periods of a CFS quota (100 ms).
