@@ -37,6 +37,7 @@ def build_pipeline(
     split_backward: bool = True,
     groups: PipelineGroups | None = None,
     average_replicas: bool = True,
+    memory: MemoryBudget | None = None,
 ) -> Pipeline:
     """Cut ``model`` into ``stages`` across the world (world = stages x replicas).
 
@@ -67,18 +68,22 @@ def build_pipeline(
         groups: the pipeline and replica groups, made by the caller with
             :func:`~hethpc.pipeline.groups.make_pipeline_groups` (default: made here).
         average_replicas: the replicas average their gradients in :meth:`Pipeline.train_step`.
+        memory: with ``balance="time"``: keep each chunk within its ranks' memory, e.g.
+            ``memory_budget(memory_left(device), stages=..., schedule=..., micro_batches=...,
+            state_copies=4)`` for Adam (:func:`memory_budget`,
+            :func:`hethpc.batching.memory_cap.memory_left`); None: memory not counted.
 
     Raises:
-        PipelineError: ``stages`` does not divide the world size, bad settings, or
-            ``balance="time"`` without a ``sample``.
-        BalanceError: the model cannot be cut that way.
+        PipelineError: ``stages`` does not divide the world size, bad settings,
+            ``balance="time"`` without a ``sample``, or ``memory`` with another balance.
+        BalanceError: the model cannot be cut that way (or not within ``memory``).
     """
     if groups is None:
         groups = make_pipeline_groups(stages)
     if isinstance(balance, str) or balance is None:
         balance = choose_balance(
             model, stages=stages, schedule=schedule, balance=balance, micro_batches=micro_batches,
-            sample=sample, loss_fn=loss_fn, device=device,
+            sample=sample, loss_fn=loss_fn, device=device, memory=memory,
         )  # fmt: skip
     return Pipeline(
         model,

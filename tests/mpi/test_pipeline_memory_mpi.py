@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hethpc import comm
-from hethpc.pipeline import BalanceError
+from hethpc.pipeline import BalanceError, PipelineError, build_pipeline
 from hethpc.pipeline.profile import MemoryBudget, measure_speeds
 
 ROWS, WIDTH, BLOCKS = 16, 64, 8
@@ -58,3 +58,20 @@ def test_a_rank_that_knows_no_memory_is_refused_on_every_rank(stages: int) -> No
     with pytest.raises(BalanceError, match=r"rank\(s\) \[0\] know none: .*memory_limit_gb"):
         measure_speeds(_model(), list(range(stages)), torch.randn(ROWS, WIDTH), repeats=1,
                        memory=budget)  # fmt: skip
+
+
+def test_build_pipeline_cuts_within_memory(stages: int) -> None:
+    small = 2 * (3 * LINEAR + ACT) + 2 * ACT + 100
+    left = small if comm.rank() == stages - 1 else 1 << 40
+    budget = MemoryBudget(left, (1,) * stages, state_copies=3.0, share=1.0)
+    x, y = torch.randn(2 * ROWS, WIDTH), torch.randint(0, WIDTH, (2 * ROWS,))
+    pipe = build_pipeline(_model(), stages=stages, micro_batches=2, balance="time",
+                          sample=(x, y), memory=budget, progress_interval=None)  # fmt: skip
+    assert sum(pipe.balance) == 2 * BLOCKS and pipe.balance[-1] <= 4, pipe.balance
+
+
+def test_memory_needs_the_cut_by_time(world: tuple[int, int]) -> None:
+    budget = MemoryBudget(1 << 40, (1,) * world[1])
+    with pytest.raises(PipelineError, match='use balance="time"'):
+        build_pipeline(_model(), stages=world[1], micro_batches=1, balance="params",
+                       memory=budget, progress_interval=None)  # fmt: skip
