@@ -17,6 +17,7 @@ from hethpc.pipeline.profile import MemoryBudget, measure_speeds
 ROWS, WIDTH, BLOCKS = 16, 64, 8
 LINEAR = (WIDTH * WIDTH + WIDTH) * 4  # one Linear's parameter bytes
 ACT = ROWS * WIDTH * 4  # what each layer keeps for backward on a micro-batch
+SMALL = (3 * LINEAR + ACT) + ACT + 100  # one Linear and its ReLU fit, not two
 
 
 def _model() -> nn.Sequential:
@@ -32,9 +33,9 @@ def stages(world: tuple[int, int]) -> int:
 
 
 def test_the_last_stage_gets_only_what_its_memory_holds(stages: int) -> None:
-    # the last rank holds two Linear layers and their ReLUs (parameters, gradients and
-    # momentum: 3 copies; one micro-batch in flight), the others plenty
-    small = 2 * (3 * LINEAR + ACT) + 2 * ACT + 100
+    # the last rank holds one Linear layer and its ReLU (parameters, gradients and momentum:
+    # 3 copies; one micro-batch in flight), the others plenty
+    small = SMALL
     left = small if comm.rank() == stages - 1 else 1 << 40
     budget = MemoryBudget(left, (1,) * stages, state_copies=3.0, share=1.0)
     model = _model()
@@ -43,11 +44,11 @@ def test_the_last_stage_gets_only_what_its_memory_holds(stages: int) -> None:
     balance = speeds.balance()
     got = comm.allgather_object(balance)
     assert all(b == balance for b in got), got  # every rank cuts alike
-    assert sum(balance) == 2 * BLOCKS and balance[-1] <= 4, balance
+    assert sum(balance) == 2 * BLOCKS and balance[-1] <= 2, balance
     for need, limit in speeds.memory_use(balance):
         assert limit is None or need <= limit
     assert speeds.limits[-1] == small and speeds.limits[0] == float(1 << 40)
-    # the same speeds without the limit cut the last stage more layers (an even share)
+    # without the limit the last stage gets about an even share (16 layers on 2-4 stages)
     free = measure_speeds(model, list(range(stages)), x, repeats=1)
     assert free.balance()[-1] > balance[-1]
 
@@ -61,13 +62,12 @@ def test_a_rank_that_knows_no_memory_is_refused_on_every_rank(stages: int) -> No
 
 
 def test_build_pipeline_cuts_within_memory(stages: int) -> None:
-    small = 2 * (3 * LINEAR + ACT) + 2 * ACT + 100
-    left = small if comm.rank() == stages - 1 else 1 << 40
+    left = SMALL if comm.rank() == stages - 1 else 1 << 40
     budget = MemoryBudget(left, (1,) * stages, state_copies=3.0, share=1.0)
     x, y = torch.randn(2 * ROWS, WIDTH), torch.randint(0, WIDTH, (2 * ROWS,))
     pipe = build_pipeline(_model(), stages=stages, micro_batches=2, balance="time",
                           sample=(x, y), memory=budget, progress_interval=None)  # fmt: skip
-    assert sum(pipe.balance) == 2 * BLOCKS and pipe.balance[-1] <= 4, pipe.balance
+    assert sum(pipe.balance) == 2 * BLOCKS and pipe.balance[-1] <= 2, pipe.balance
 
 
 def test_memory_needs_the_cut_by_time(world: tuple[int, int]) -> None:
