@@ -237,18 +237,20 @@ def _no_fit(memory: Sequence[Sequence[float]], limits: Sequence[float | None], n
             return (
                 f"no pipeline cut fits the ranks' memory: layer {big} alone needs "
                 f"{memory[k][big] / mib:.1f} MiB on chunk {k}, whose ranks have "
-                f"{float(limits[k] or 0.0) / mib:.1f} MiB for it; give more micro-batches "
-                "(smaller ones hold fewer activations), more memory (memory_limit_gb), or "
-                "more stages"
+                f"{float(limits[k] or 0.0) / mib:.1f} MiB for it; {_MEMORY_FIX}"
             )
     need = min(sum(m) for m in memory) / mib
     have = sum(float(limits[k] or 0.0) for k in limited) / mib
     return (
         f"no pipeline cut fits the ranks' memory: the layers need about {need:.1f} MiB "
-        f"in all and the limited chunks {limited} have {have:.1f} MiB for them; give more "
-        "micro-batches (smaller ones hold fewer activations), more memory (memory_limit_gb), "
-        "or more stages"
+        f"in all and the limited chunks {limited} have {have:.1f} MiB for them; {_MEMORY_FIX}"
     )
+
+
+_MEMORY_FIX = (
+    "give more micro-batches (smaller ones hold fewer activations), more memory "
+    "(memory_limit_gb), or more stages"
+)
 
 
 def _prefix(costs: Sequence[float]) -> list[float]:

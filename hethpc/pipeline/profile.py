@@ -187,6 +187,10 @@ class SpeedCosts:
         needs = chunk_costs(self.memory, balance)
         return list(zip(needs, self.limits or [None] * len(needs), strict=True))
 
+    def fits(self, balance: Sequence[int]) -> bool:
+        """Whether every chunk under ``balance`` is within its memory limit (none: True)."""
+        return all(lim is None or need <= lim for need, lim in self.memory_use(balance))
+
     def slowest(self, balance: Sequence[int]) -> float:
         """The slowest chunk's seconds per micro-batch under ``balance``, at these speeds."""
         return max(chunk_costs(self.costs, balance, first_costs=self.first, last_extra=self.last))

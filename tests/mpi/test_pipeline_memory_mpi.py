@@ -51,6 +51,7 @@ def test_the_last_stage_gets_only_what_its_memory_holds(stages: int) -> None:
     # without the limit the last stage gets about an even share (16 layers on 2-4 stages)
     free = measure_speeds(model, list(range(stages)), x, repeats=1)
     assert free.balance()[-1] > balance[-1]
+    assert speeds.fits(balance) and not speeds.fits(free.balance())
 
 
 def test_a_rank_that_knows_no_memory_is_refused_on_every_rank(stages: int) -> None:

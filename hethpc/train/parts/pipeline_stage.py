@@ -235,8 +235,7 @@ class PipelineStage:
                 raise ConfigError(str(e), key="max_rank_batch") from None
             if saved is not None and by == "time":
                 before, after = speeds.slowest(saved[0]), speeds.slowest(balance)
-                fits = all(lim is None or need <= lim for need, lim in speeds.memory_use(saved[0]))
-                if balance == saved[0] or (fits and before < RECUT_GAIN * after):
+                if balance == saved[0] or (speeds.fits(saved[0]) and before < RECUT_GAIN * after):
                     self.memory_use = speeds.memory_use(saved[0])
                     return saved[0]
                 self.recut = (before, after)
