@@ -27,8 +27,10 @@ Three parts, each on 2 ranks (``--only`` picks some):
    for 6 epochs (SGD, lr 0.05, global batch 128) with BSP (none, fp16, bf16, powersgd:4),
    SelSync and DiLoCo (none, int8), and the ``large`` model for 2 epochs (``--large-epochs``;
    Adam, lr 3e-4, global batch 32) with BSP none and powersgd:4 (``--models`` picks).
-   ``--seeds`` seeds, the runs of a seed in a random order; final test accuracy and the bytes
-   each rank sent.
+   ``--seeds`` seeds, the runs of a seed in a random order (``--methods`` picks among bsp,
+   selsync and diloco); final test accuracy and the bytes each rank sent. A compressed
+   setting's gap to its fp32 run is given on the medians and seed by seed (the median of the
+   per-seed gaps, and how many seeds ended below), with the codec's own ratio of bytes.
 
 Goals: PowerSGD rank 4 on ``large``: at least 4x fewer bytes per step than fp32 and at most 0.6x
 its step time on the emulated link, final accuracy within 0.5 point of fp32 BSP's; on the
@@ -110,15 +112,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=20_000, help="MNIST-1D samples (80%% train)")
     p.add_argument("--models", default="cnn1d,large",
                    help="accuracy part: the models whose settings run (default both)")
+    p.add_argument("--methods", default="bsp,selsync,diloco",
+                   help="accuracy part: the methods whose settings run (default all three)")
     p.add_argument("--large-epochs", type=int, default=2,
                    help="accuracy part: epochs of the large model's runs (default 2)")
     p.add_argument("--part", help=argparse.SUPPRESS)  # a worker's part (under mpirun)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)  # where a worker writes JSON
     args = p.parse_args(argv)
-    models = {name.split()[0] for name, *_ in ACCURACY}
-    wrong = sorted(set(args.models.split(",")) - models)
-    if wrong:
-        p.error(f"--models: unknown {wrong}; the accuracy part has {sorted(models)}")
+    for flag, word in (("models", 0), ("methods", 1)):
+        known = {name.split()[word] for name, *_ in ACCURACY}
+        wrong = sorted(set(getattr(args, flag).split(",")) - known)
+        if wrong:
+            p.error(f"--{flag}: unknown {wrong}; the accuracy part has {sorted(known)}")
     if args.large_epochs < 1:
         p.error(f"--large-epochs must be at least 1, got {args.large_epochs}")
     if args.quick:
@@ -202,7 +207,8 @@ def step_part(args: argparse.Namespace, where: str) -> dict[str, Any]:
 def accuracy_part(args: argparse.Namespace, new_dir: Callable[[str], str]) -> dict[str, Any]:
     """Each accuracy run per seed, in a random order per seed; final test accuracy and bytes."""
     cache = os.environ.get("HETHPC_CACHE", str(Path.home() / ".cache" / "hethpc"))
-    settings = [a for a in ACCURACY if a[1] in args.models.split(",")]
+    settings = [a for a in ACCURACY if a[1] in args.models.split(",")
+                and a[0].split()[1] in args.methods.split(",")]  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in settings}
     for seed in range(args.seeds):
         order = list(settings)
@@ -244,6 +250,12 @@ def worker(args: argparse.Namespace) -> None:
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def _paired(base: list[dict[str, Any]], comp: list[dict[str, Any]]) -> list[float]:
+    """Per seed both ran: base's test accuracy minus comp's."""
+    mine = {r["seed"]: r["test_acc"] for r in comp}
+    return [r["test_acc"] - mine[r["seed"]] for r in base if r["seed"] in mine]
 
 
 def run_part(part: str, args: argparse.Namespace, argv: list[str], tmp: Path) -> dict[str, Any]:
@@ -313,6 +325,15 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
             gap = round(100 * (med[base] - med[comp]), 2)
             g[f"acc_{key}_points_below_fp32"] = gap
             g[f"acc_{key}_fewer_bytes"] = round(sent[base] / sent[comp], 2)
+            # Seed by seed (the same seed: the same data order and start): the median of the
+            # gaps, and how many seeds the compressed run ended below its fp32 run.
+            pairs = _paired(acc[base], acc[comp])
+            if pairs:
+                g[f"acc_{key}_paired_points_below_fp32"] = round(100 * _median(pairs), 2)
+                g[f"acc_{key}_seeds_below_fp32"] = f"{sum(d > 0 for d in pairs)} of {len(pairs)}"
+            ratios = [r["compression_ratio"] for r in acc[comp] if r.get("compression_ratio")]
+            if ratios:  # what the codec sent per average, whatever the number of averages
+                g[f"acc_{key}_codec_ratio"] = round(_median(ratios), 3)
     return g
 
 

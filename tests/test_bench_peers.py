@@ -72,3 +72,8 @@ def test_compression_benchmark_prints_steps_bytes_and_accuracy() -> None:
     assert len(got["detail"]["accuracy"]) == 10
     assert 0 < got["acc_cnn1d_diloco_int8"] <= 1
     assert got["acc_cnn1d_selsync_int8_fewer_bytes"] > 1
+    # int8 sends a byte per value and a float per 1,024 (the first average too: its change
+    # since the broadcast start), and the gaps are also taken seed by seed
+    for m in ("selsync", "diloco"):
+        assert 3.9 < got[f"acc_cnn1d_{m}_int8_codec_ratio"] < 4
+        assert got[f"acc_cnn1d_{m}_int8_seeds_below_fp32"] in ("0 of 1", "1 of 1")

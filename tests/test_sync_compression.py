@@ -185,8 +185,8 @@ def test_compressed_parameter_averages_keep_a_reference_in_their_state() -> None
         assert not torch.equal(ref, s)
     again = SelSync(threshold=0.0, compression="fp16")
     again.load_state_dict(state)
-    # The first average travelled uncompressed (no reference yet), the second in fp16.
-    assert again.summary().compression_ratio == policy.summary().compression_ratio == 2 / 1.5
+    # Both averages travelled in fp16: the first sent the change from the start point.
+    assert again.summary().compression_ratio == policy.summary().compression_ratio == 2.0
     assert again.state_dict()["reference"] is state["reference"]
     # Another compression may follow (the job asks for --resume-changes): the reference stays
     # where it is still needed, and goes where it is not.
@@ -199,9 +199,9 @@ def test_compressed_parameter_averages_keep_a_reference_in_their_state() -> None
 
 
 def test_the_first_average_travels_uncompressed_and_sets_the_reference() -> None:
-    """Before a run's first average no parameters are known to be common to the replicas
-    (they may have started unequal, or resumed from an uncompressed run after local steps):
-    that average sends the values as they are, and its result is the reference."""
+    """When no parameters are known to be common to the replicas (a resume from an
+    uncompressed run after local steps; replicas that started unequal: on ranks, below),
+    the next average sends the values as they are, and its result is the reference."""
     model = _model()
     numel = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -248,6 +248,16 @@ def average_gradients_(
     return buffer.nbytes
 
 
+def replicas_equal(tensors: Iterable[torch.Tensor], group: Group | None = None) -> bool:
+    """Whether every rank holds the same ``tensors`` (a collective: one small allgather of
+    each tensor's float64 sum and sum of squares). Bit-identical tensors give identical
+    sums; replicas that differ anywhere almost surely do not. Sums of the same values on
+    different devices may round apart: then False, the safe answer."""
+    sums = [(t.double().sum().item(), t.double().square().sum().item()) for t in tensors]
+    rows = comm.allgather_array(np.asarray(sums, dtype=np.float64).reshape(-1), group)
+    return bool((rows == rows[0]).all())
+
+
 def gradient_bytes(parameters: Iterable[torch.nn.Parameter]) -> int:
     """What one BSP gradient allreduce of ``parameters`` carries, in bytes."""
     return payload_bytes(p for p in parameters if p.requires_grad)

@@ -17,7 +17,12 @@ import torch
 from hethpc import comm
 from hethpc.comm import Group
 from hethpc.sync.agreement import Agreement, agree, agree_step
-from hethpc.sync.averaging import average_model_, gradient_bytes, optimizer_state_tensors
+from hethpc.sync.averaging import (
+    average_model_,
+    gradient_bytes,
+    optimizer_state_tensors,
+    replicas_equal,
+)
 from hethpc.sync.codecs import parse_compression
 from hethpc.sync.compression import Codec
 from hethpc.sync.drift import DriftCorrection
@@ -89,8 +94,9 @@ class SyncPolicy(abc.ABC):
             :attr:`compressions`).
             Gradients are weighted before compressing; parameters travel as their difference
             from the last average (the outer optimizer's start point, for DiLoCo: the
-            pseudo-gradient), which this policy then keeps (a copy of the parameters; the
-            run's first average, before there is one, travels uncompressed); the optimizer's
+            pseudo-gradient), which this policy then keeps (a copy of the parameters; before
+            the first average, the start, when the replicas start equal; else that average
+            travels uncompressed); the optimizer's
             state in bf16 (see :mod:`~hethpc.sync.state_average`). Every rank must use the
             same. The summary's ``bytes`` count what went on the wire.
     """
@@ -224,6 +230,12 @@ class SyncPolicy(abc.ABC):
         """
         if self.outer is not None:
             self.outer.start(model)  # the first step's parameters: the first start point
+        elif self._step_count == 0 and self._reference is None and self._keeps_reference():
+            # A run's first step: if the replicas start equal (as a broadcast leaves them),
+            # their parameters are the first average's reference, so it travels compressed.
+            params = [p.detach() for p in model.parameters()]
+            if replicas_equal(params, self.group):
+                self._reference = [p.clone() for p in params]
         # One pass over the gradients: only for the records, or for a policy that decides by it.
         norm = (
             gradient_norm(model.parameters(), kind=self.norm_kind)
@@ -301,8 +313,9 @@ class SyncPolicy(abc.ABC):
 
     def _reference_point(self, model: torch.nn.Module) -> list[torch.Tensor] | None:
         """The parameters every replica had at the last average: the outer optimizer's start
-        point, or this policy's own reference (on the model's device); None before the run's
-        first average, when no parameters are known to be common to the replicas."""
+        point, or this policy's own reference (on the model's device); None when no
+        parameters are known to be common to the replicas (they started unequal, or a resume
+        brought none)."""
         if self.outer is not None:
             return self.outer.start_point
         ref = self._reference
@@ -331,9 +344,10 @@ class SyncPolicy(abc.ABC):
             self.drift.begin(p.data for p in model.parameters())
         w = self._round_weight(weight)
         reference = self._reference_point(model) if self.codec.compresses else None
-        # Compressed, the replicas send their difference from a reference; the run's first
-        # average has none known to be common (replicas that started unequal would stay
-        # apart), so it travels uncompressed and sets it.
+        # Compressed, the replicas send their difference from a reference. Without one known
+        # to be common (replicas that started unequal, a resume from an uncompressed run
+        # after local steps) the average travels uncompressed and sets it: replicas that
+        # sent differences from unequal references would stay apart.
         send = self.codec if reference is not None or not self.codec.compresses else None
         nbytes = average_model_(
             model, weight=w, group=self.group, codec=send, reference=reference

@@ -144,8 +144,8 @@ def _averaged(
 ) -> tuple[nn.Module, list[torch.Tensor], list[list[torch.Tensor]], list[float]]:
     """One local SGD step on every rank (unequal weights), then the policy's average; returns
     the model, the start parameters, every rank's step ``x_k - x_0`` and the weights. With
-    ``first``, an average before it (a run's first travels uncompressed and sets the
-    reference the next ones send their difference from)."""
+    ``first``, an average before it (its result is the reference the next one sends its
+    difference from)."""
     r, n = world
     sizes = _sizes(n)
     weights = [s / sum(sizes) for s in sizes]
@@ -204,7 +204,9 @@ def test_int8_parameter_averages_err_by_at_most_half_a_level_per_rank(
             period=1, outer=OuterOptimizer("sgd", lr=1.0, momentum=0.0), compression="int8"
         ),  # the outer step at lr 1 without momentum takes the average as it is
     }[policy_name]()
-    model, start, moves, weights = _averaged(world, policy, first=policy_name != "diloco")
+    # The run's first average: it sends each rank's change since the start, which the
+    # replicas share (a second would carry the first's rounding back, by error feedback).
+    model, start, moves, weights = _averaged(world, policy, first=False)
     parts = torch.stack([
         torch.cat([(w * m[i]).flatten() for i in range(len(m))])
         for w, m in zip(weights, moves, strict=True)
@@ -217,7 +219,7 @@ def test_int8_parameter_averages_err_by_at_most_half_a_level_per_rank(
     largest = _within(got, want, half, f"{policy_name} parameters")
     if n > 1:
         assert largest > 1e-9
-        assert policy.summary().compression_ratio > (1.5 if policy_name != "diloco" else 3.5)
+        assert policy.summary().compression_ratio > 3.5
     every = comm.allgather_array(got.numpy().astype(np.float64))
     assert np.array_equal(every, np.broadcast_to(every[0], every.shape))
 
@@ -261,8 +263,9 @@ def test_the_optimizer_state_average_travels_in_bf16_under_fp16(world: tuple[int
         bound = cast_error_bound(parts, torch.bfloat16)
         _within(opt.state[p]["momentum_buffer"], parts.double().sum(0), bound, f"momentum {i}")
     numel = sum(p.numel() for p in model.parameters())
-    # The run's first average: parameters in float32 (no reference yet), momentum in bf16.
-    assert record.bytes == 4 * numel + 2 * numel
+    # The run's first average: parameters in fp16 (their change since the start, which the
+    # replicas share), momentum in bf16.
+    assert record.bytes == 2 * numel + 2 * numel
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -284,3 +287,29 @@ def test_ranks_asking_for_different_compression_are_refused(world: tuple[int, in
     cfg = TrainConfig(compression="fp16" if r == 0 else "none")
     with pytest.raises(ConfigError, match=r"compression \(rank 0: 'fp16', rank 1: 'none'"):
         check_same_config(cfg)
+
+
+@pytest.mark.parametrize("equal", [True, False], ids=["equal-start", "unequal-start"])
+def test_the_first_average_is_compressed_only_from_a_start_the_replicas_share(
+    world: tuple[int, int], equal: bool
+) -> None:
+    """Replicas that start equal (a broadcast) send the first average's change since the start
+    in fp16; replicas that start unequal cannot share a reference, so their first average
+    travels in float32, and it makes them equal."""
+    r, n = world
+    model = _model()
+    if not equal:
+        with torch.no_grad():
+            next(model.parameters()).add_(0.01 * r)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = FedAvg(period=1, compression="fp16")
+    x, y = _batch(r, 0, 8)
+    nn.functional.cross_entropy(model(x), y).backward()
+    record = policy.step(model, opt)
+    numel = sum(p.numel() for p in model.parameters())
+    shared = equal or n == 1
+    assert record.bytes == (2 if shared else 4) * numel
+    assert policy.summary().compression_ratio == (2.0 if shared else 1.0)
+    got = torch.cat([p.detach().flatten() for p in model.parameters()])
+    every = comm.allgather_array(got.numpy().astype(np.float64))
+    assert np.array_equal(every, np.broadcast_to(every[0], every.shape))
