@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -257,3 +258,36 @@ def load_frozen(path: Path, names: Sequence[str], work: Mapping[str, Any]) -> di
                                  "--methods")  # fmt: skip
         out[name] = frozen
     return out
+
+
+def compute_probe_ms(repeats: int = 1000, size: int = 192) -> float:
+    """Milliseconds this process takes for a fixed piece of compute (``repeats`` float32
+    matrix products of ``size`` x ``size`` on one thread), the best of 3: the same work
+    before every measuring run, so that a host whose speed drifts during a run of the
+    protocol shows it (an emulated slowdown does not touch it)."""
+    import torch
+
+    a = torch.ones(size, size) / size
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        b = a
+        for _ in range(repeats):
+            b = (b @ a).contiguous()
+        best = min(best, time.perf_counter() - t0)
+    return 1000 * best
+
+
+def probe_drift(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """One sentence on the compute probes of a scenario's measuring runs (their
+    ``probe_ms``, one value per rank): the slowest rank's median and range, and how much
+    slower the slowest run's probe was than the fastest's; '' without probes."""
+    worst = [max(r["probe_ms"]) for rs in runs.values() for r in rs if r.get("probe_ms")]
+    if not worst:
+        return ""
+    lo, hi = min(worst), max(worst)
+    return (f"Host speed: the same compute before each measuring run took "
+            f"{statistics.median(worst):.1f} ms [{lo:.1f}..{hi:.1f}] on the slower rank, the "
+            f"slowest run's {hi / lo:.2f}x the fastest's (a host that drifts moves every "
+            "method's time).")  # fmt: skip
+

@@ -64,6 +64,7 @@ from _protocol import (
     METRICS,
     PEERS,
     Metric,
+    compute_probe_ms,
     converted_out,
     eval_every_steps,
     first_reaching,
@@ -72,6 +73,7 @@ from _protocol import (
     method_settings,
     metric_of,
     pick,
+    probe_drift,
     scenario_settings,
     spread,
 )
@@ -227,14 +229,15 @@ def scenario_protocol(work: dict[str, Any], name: str, say: Callable[[str], None
             random.Random(1000 + seed).shuffle(order)
             for m in order:
                 c = chosen[m]
+                probe = comm.allgather_object(round(compute_probe_ms(), 2))
                 r = run(m, c["lr"], c["batch"], c["knob"], seed)
-                r.update(seed=seed, order=order.index(m),
+                r.update(seed=seed, order=order.index(m), probe_ms=probe,
                          tta_val=first_reaching(r["val"], target, metric))  # fmt: skip
                 runs[m].append(r)
                 reached = "never" if r["tta_val"] is None else f"{r['tta_val']:.1f} s"
                 test = "-" if r["final_test"] is None else metric.show(r["final_test"])
                 say(f"  measure {name} seed {seed} {m:16} to target {reached}; test {test}, "
-                    f"syncs {r['syncs']}")
+                    f"syncs {r['syncs']}; probe {max(probe):.1f} ms")
     medians = {
         m: {k: spread([r[k] for r in rs])
             for k in ("tta_val", "final_test", "final_val", "train_time_s")}
@@ -345,7 +348,8 @@ def table(name: str, res: dict[str, Any]) -> str:
         rows.append(f"| {m} | {c['lr']}, {c['batch']}, {c['knob']} | {fmt(med['tta_val'])} | "
                     f"{ratio} | {score(med['final_test'])} | "
                     f"{score(med['final_val'])} | {seeds} |")  # fmt: skip
-    return "\n".join(rows)
+    drift = probe_drift(res["runs"])
+    return "\n".join(rows + (["", drift] if drift else []))
 
 
 def goals(results: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,15 @@ def test_a_workload_names_a_known_metric(tmp_path: Path) -> None:
         _protocol.load_workload(bad)
 
 
+def test_the_host_probe_names_the_drift_between_runs() -> None:
+    runs = {"bsp": [{"probe_ms": [50.0, 52.0]}, {"probe_ms": [51.0, 104.0]}],
+            "fedavg": [{"probe_ms": [50.0, 52.0]}, {"val": []}]}  # fmt: skip
+    said = _protocol.probe_drift(runs)
+    assert "52.0 ms [52.0..104.0] on the slower rank" in said and "2.00x" in said
+    assert _protocol.probe_drift({"bsp": [{"val": []}]}) == ""  # runs from before the probe
+    assert 0 < _protocol.compute_probe_ms(repeats=5) < 1000
+
+
 def test_pick_prefers_the_earliest_then_the_better_final() -> None:
     a = {"tta": 5.0, "final": 0.90}
     b = {"tta": 4.0, "final": 0.80}
@@ -221,7 +230,9 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
         assert [r["seed"] for r in runs] == [0, 1], m
         for r in runs:
             assert r["val"] and r["tta_val"] in (None, *(t for t, _ in r["val"]))
-    assert f"### {name}" in (tmp_path / "t.md").read_text()
+            assert len(r["probe_ms"]) == 2 and min(r["probe_ms"]) > 0  # each rank's probe
+    tables = (tmp_path / "t.md").read_text()
+    assert f"### {name}" in tables and "Host speed: the same compute before each" in tables
     assert result["commit"]
 
     # the same run's last line, frozen: one more seed measured at its target and choices
