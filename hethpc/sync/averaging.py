@@ -253,8 +253,9 @@ def replicas_equal(tensors: Iterable[torch.Tensor], group: Group | None = None) 
     each tensor's float64 sum and sum of squares). Bit-identical tensors give identical
     sums; replicas that differ anywhere almost surely do not. Sums of the same values on
     different devices may round apart: then False, the safe answer."""
-    sums = [(t.double().sum().item(), t.double().square().sum().item()) for t in tensors]
-    rows = comm.allgather_array(np.asarray(sums, dtype=np.float64).reshape(-1), group)
+    sums = [torch.stack((t.double().sum(), t.double().square().sum())) for t in tensors]
+    mine = torch.cat(sums).cpu().numpy() if sums else np.zeros(0)  # one copy to the host
+    rows = comm.allgather_array(mine, group)
     return bool((rows == rows[0]).all())
 
 
