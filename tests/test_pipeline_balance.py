@@ -12,6 +12,7 @@ from hethpc.pipeline import BalanceError
 from hethpc.pipeline.balance import (
     balance_chunks,
     balance_costs,
+    parse_balance,
     partition_by_counts,
     partition_by_params,
     split_model,
@@ -318,3 +319,17 @@ def test_the_profile_counts_each_layers_activations_and_parameters() -> None:
     assert twice == tuple(2 * b for b in profile.saved_bytes)  # per micro-batch: by its rows
     assert layer_memory(profile, 3, 4.0) == tuple(
         3 * a + 4 * p for a, p in zip(profile.saved_bytes, profile.param_bytes, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("params", "params"), (" TIME ", "time"), ("14,12", (14, 12)), ("3, 4, 5", (3, 4, 5))],
+)
+def test_parse_balance(text: str, want: object) -> None:
+    assert parse_balance(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "speed", "14,", "0,26", "1.5,2", "-1,3"])
+def test_parse_balance_refuses_the_rest(text: str) -> None:
+    with pytest.raises(ValueError, match="is not params, time or the layers per chunk"):
+        parse_balance(text)

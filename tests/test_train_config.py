@@ -137,6 +137,31 @@ def test_invalid_settings_are_named(kw: dict, match: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"pipeline_balance": "speed"}, r"pipeline_balance 'speed' is not params, time or the "
+         r"layers per chunk"),
+        ({"pipeline_balance": "14,0", "pipeline_stages": 2}, "each at least 1"),
+        ({"pipeline_balance": "14,12"}, r"lists 2 chunk\(s\), but pipeline_stages = 1 with "
+         r"schedule 1f1b cuts the model into 1 \(one per stage\); give 1 layer counts"),
+        ({"pipeline_balance": "14,12", "pipeline_stages": 2, "schedule": "zbv"},
+         r"into 4 \(two chunks per stage\)"),
+    ],
+    ids=["unknown-word", "empty-chunk", "count-vs-stages", "count-vs-v"],
+)  # fmt: skip
+def test_a_bad_pipeline_balance_is_named(kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as e:
+        TrainConfig(**kw)
+    assert e.value.key == "pipeline_balance"
+
+
+def test_a_given_pipeline_balance_is_kept_without_spaces() -> None:
+    cfg = TrainConfig(pipeline_balance=" 14, 12 ", pipeline_stages=2)
+    assert cfg.pipeline_balance == "14,12"
+    assert TrainConfig(pipeline_balance="Time").pipeline_balance == "time"
+
+
+@pytest.mark.parametrize(
     ("other", "same"),
     [
         ({}, True),

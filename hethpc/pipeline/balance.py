@@ -11,6 +11,28 @@ from torch import nn
 from hethpc.pipeline.errors import BalanceError
 
 
+def parse_balance(text: str) -> str | tuple[int, ...]:
+    """The ``pipeline_balance`` setting: ``"params"``, ``"time"``, or the layers per chunk
+    given as ``"N1,N2,..."`` (each at least 1).
+
+    Raises:
+        ValueError: anything else, naming the syntax.
+    """
+    t = text.strip().lower()
+    if t in ("params", "time"):
+        return t
+    try:
+        counts = tuple(int(v) for v in t.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise ValueError(
+            f"pipeline_balance {text!r} is not params, time or the layers per chunk, each at "
+            "least 1, in chunk order (e.g. 14,12 for two stages)"
+        )
+    return counts
+
+
 def partition_by_counts(num_layers: int, counts: Sequence[int]) -> tuple[int, ...]:
     """Validate an explicit split: ``counts[s]`` layers go to stage ``s``, in order.
 

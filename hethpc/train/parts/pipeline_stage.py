@@ -18,6 +18,7 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
 from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import build_pipeline
+from hethpc.pipeline.balance import parse_balance
 from hethpc.pipeline.build import choose_balance, memory_budget, speed_costs
 from hethpc.pipeline.errors import BalanceError
 from hethpc.pipeline.groups import make_pipeline_groups
@@ -211,7 +212,8 @@ class PipelineStage:
         sample: tuple[torch.Tensor, torch.Tensor] | None,
         cut_file: Path | None,
     ) -> tuple[int, ...]:
-        """The layers per chunk, by ``pipeline_balance`` (a collective for ``time``), written
+        """The layers per chunk, by ``pipeline_balance`` (a collective for ``time``; as given
+        for a list), written
         to ``cut_file`` by rank 0. A resumed run keeps the cut in ``cut_file`` unless it was
         made by time and the speeds measured now predict the slowest chunk at least
         :data:`RECUT_GAIN` times faster under a new one; :meth:`adopt_checkpoint` then moves
@@ -241,7 +243,16 @@ class PipelineStage:
                 self.recut = (before, after)
             self.memory_use = speeds.memory_use(balance)
         elif saved is not None and by == cfg.pipeline_balance:
-            return saved[0]  # by parameters: the same cut again
+            return saved[0]  # by parameters, or as given: the same cut again
+        elif isinstance(given := parse_balance(cfg.pipeline_balance), tuple):
+            if sum(given) != len(model):
+                raise ConfigError(
+                    f"pipeline_balance = {cfg.pipeline_balance!r} gives {sum(given)} layers, but "
+                    f"model {cfg.model} has {len(model)}; give counts that add up to "
+                    f"{len(model)}, or params or time",
+                    key="pipeline_balance",
+                )
+            balance = given
         else:
             balance = choose_balance(
                 model, stages=lay.stages, schedule=cfg.schedule, balance=cfg.pipeline_balance,

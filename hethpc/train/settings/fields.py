@@ -296,8 +296,9 @@ class Settings:
         "layer timed at start on every rank, on one micro-batch of the training data, and "
         "each stage given what its own ranks' speed allows: a slower rank holds fewer layers); "
         "a resumed run keeps its cut unless the speeds measured then call for one at least "
-        "1.1x faster, and moves the stages' state to it (docs/pipeline.md)",
-        choices=("params", "time"),
+        "1.1x faster, and moves the stages' state to it (docs/pipeline.md); or the layers per "
+        "chunk, N1,N2,... in chunk order (P numbers, 2P with schedule zbv), adding up to the "
+        "model's layers",
     )
     schedule: str = _f(
         "1f1b",

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from hethpc.batching.memory_cap import parse_max_rank_batch
 from hethpc.comm import LinkError, parse_link
+from hethpc.pipeline.balance import parse_balance
+from hethpc.pipeline.schedule import chunks_per_stage
 from hethpc.sync.codecs import parse_compression
 from hethpc.sync.factory import policy_class
 from hethpc.train.errors import ConfigError
@@ -123,6 +125,7 @@ def validate(cfg: Settings) -> None:
             raise ConfigError(
                 f"{name} must be in [0, 1), got {getattr(cfg, name)}", key=name
             )
+    _check_pipeline(cfg)
     _check_optimisation(cfg)
     # What the policy is (its traits), for the settings that need a policy of some kind.
     policy, traits, named = policy_class(cfg.sync), policy_traits(cfg), policy_named(cfg)
@@ -225,6 +228,28 @@ def validate(cfg: Settings) -> None:
             f"resume_changes names unknown setting(s) {unknown}; use setting names such "
             "as 'lr,epochs'",
             key="resume_changes",
+        )
+
+
+def _check_pipeline(cfg: Settings) -> None:
+    """``pipeline_balance``: params, time or one layer count per chunk of the schedule
+    (written back without spaces, so a resume compares it as given)."""
+    try:
+        given = parse_balance(cfg.pipeline_balance)
+    except ValueError as e:
+        raise ConfigError(str(e), key="pipeline_balance") from None
+    if isinstance(given, str):
+        object.__setattr__(cfg, "pipeline_balance", given)
+        return
+    object.__setattr__(cfg, "pipeline_balance", ",".join(str(c) for c in given))
+    chunks = cfg.pipeline_stages * chunks_per_stage(cfg.schedule)
+    if len(given) != chunks:
+        per = "two chunks per stage" if chunks_per_stage(cfg.schedule) == 2 else "one per stage"
+        raise ConfigError(
+            f"pipeline_balance = {cfg.pipeline_balance!r} lists {len(given)} chunk(s), but "
+            f"pipeline_stages = {cfg.pipeline_stages} with schedule {cfg.schedule} cuts the "
+            f"model into {chunks} ({per}); give {chunks} layer counts, or params or time",
+            key="pipeline_balance",
         )
 
 
