@@ -38,6 +38,8 @@ ELSEWHERE = {
     ".venv/bin/hethpc-convert idx": "needs the user's IDX files; tests/test_data_convert.py",
     ".venv/bin/python benchmarks/bench_evidence.py --only": "a scenario of the protocol takes "
     "about 30 minutes; tests/test_bench_evidence.py runs the protocol in miniature (--quick)",
+    ".venv/bin/python benchmarks/bench_evidence.py --quick": "tests/test_bench_evidence.py "
+    "runs these commands as written (--quick and --quick-peers) and checks what they print",
     "scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --data data/stdlib": "scores the "
     "whole standard library's val/ and test/ (19 k windows), past this test's time limit; "
     "tests/test_examples.py trains the same way on two of its packages (examples/text)",
