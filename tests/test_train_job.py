@@ -283,8 +283,11 @@ def test_pipeline_stages_train_through_the_job(cache: Path, tmp_path: Path, sche
         (("--pipeline-stages", "3"), "must divide the number of ranks 2"),
         (("--pipeline-stages", "2", "--inject-alpha", "0.5", "--inject-beta", "0.2"),
          "supports only: no --inject-alpha"),
+        (("--pipeline-stages", "2", "--pipeline-balance", "10,10"),
+         "pipeline_balance = '10,10' for model large: balance [10, 10] covers 20 layers but the "
+         "model has 26"),
     ],
-    ids=["indivisible", "unsupported-sync"],
+    ids=["indivisible", "unsupported-sync", "given-cut-not-the-model"],
 )
 def test_pipeline_settings_are_refused(
     cache: Path, tmp_path: Path, extra: tuple[str, ...], match: str

@@ -18,7 +18,7 @@ from hethpc.comm import Group, ReduceOp
 from hethpc.data import ArrayDataset
 from hethpc.data.transform import is_sequence, to_batch
 from hethpc.pipeline import build_pipeline
-from hethpc.pipeline.balance import parse_balance
+from hethpc.pipeline.balance import parse_balance, partition_by_counts
 from hethpc.pipeline.build import choose_balance, memory_budget, speed_costs
 from hethpc.pipeline.errors import BalanceError
 from hethpc.pipeline.groups import make_pipeline_groups
@@ -213,11 +213,10 @@ class PipelineStage:
         cut_file: Path | None,
     ) -> tuple[int, ...]:
         """The layers per chunk, by ``pipeline_balance`` (a collective for ``time``; as given
-        for a list), written
-        to ``cut_file`` by rank 0. A resumed run keeps the cut in ``cut_file`` unless it was
-        made by time and the speeds measured now predict the slowest chunk at least
-        :data:`RECUT_GAIN` times faster under a new one; :meth:`adopt_checkpoint` then moves
-        the checkpoint's stages to the new cut."""
+        for a list), written to ``cut_file`` by rank 0. A resumed run keeps the cut in
+        ``cut_file`` unless it was made by time and the speeds measured now predict the slowest
+        chunk at least :data:`RECUT_GAIN` times faster under a new one;
+        :meth:`adopt_checkpoint` then moves the checkpoint's stages to the new cut."""
         saved = None
         if cfg.resume and cut_file is not None and comm.rank() == 0 and cut_file.is_file():
             doc = json.loads(cut_file.read_text())
@@ -245,14 +244,14 @@ class PipelineStage:
         elif saved is not None and by == cfg.pipeline_balance:
             return saved[0]  # by parameters, or as given: the same cut again
         elif isinstance(given := parse_balance(cfg.pipeline_balance), tuple):
-            if sum(given) != len(model):
+            try:
+                balance = partition_by_counts(len(model), given)
+            except BalanceError as e:  # counts that do not add up to the model's layers
                 raise ConfigError(
-                    f"pipeline_balance = {cfg.pipeline_balance!r} gives {sum(given)} layers, but "
-                    f"model {cfg.model} has {len(model)}; give counts that add up to "
-                    f"{len(model)}, or params or time",
+                    f"pipeline_balance = {cfg.pipeline_balance!r} for model {cfg.model}: {e}; "
+                    "or give params or time",
                     key="pipeline_balance",
-                )
-            balance = given
+                ) from None
         else:
             balance = choose_balance(
                 model, stages=lay.stages, schedule=cfg.schedule, balance=cfg.pipeline_balance,
