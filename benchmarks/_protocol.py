@@ -165,7 +165,29 @@ def load_workload(path: Path) -> dict[str, Any]:
         peers = [m for m in s["methods"] if "peer" in data["methods"][m]]
         if peers:
             _check_peers(path, name, peers, {**data["base"], **scenario_settings(s)})
+    for name, prof in data.get("profiles", {}).items():
+        _check_profile(path, name, prof, data["scenarios"])
     return data
+
+
+def _check_profile(path: Path, name: str, prof: Any, scenarios: Mapping[str, Any]) -> None:
+    """A ``[profiles.NAME]``: a description and, per scenario it runs, the methods it runs
+    there (a subset of the scenario's own, BSP among them)."""
+    where = f"{path}: [profiles.{name}]"
+    runs = prof.get("scenarios") if isinstance(prof, dict) else None
+    if not isinstance(prof, dict) or "description" not in prof or not isinstance(runs, dict) \
+            or not runs:
+        raise SystemExit(f"{where} needs a description and [profiles.{name}.scenarios] with "
+                         'the methods per scenario, e.g. demo = ["bsp", "bsp_dynamic"]')
+    for scen, methods in runs.items():
+        if scen not in scenarios:
+            raise SystemExit(f"{where} names the scenario {scen!r}, which the workload lacks; "
+                             f"it has {', '.join(scenarios)}")  # fmt: skip
+        extra = [m for m in methods if m not in scenarios[scen]["methods"]]
+        if extra or "bsp" not in methods:
+            raise SystemExit(f"{where} {scen} = {methods!r}: take methods the scenario runs "
+                             f"({', '.join(scenarios[scen]['methods'])}), bsp among them "
+                             "(its runs fix the target)")  # fmt: skip
 
 
 def _check_testbed(path: Path, name: str, scenario: Mapping[str, Any]) -> None:

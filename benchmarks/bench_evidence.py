@@ -129,6 +129,19 @@ def only_methods(work: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {**work, "scenarios": scenarios}
 
 
+def with_profile(work: dict[str, Any], name: str) -> dict[str, Any]:
+    """``work`` cut to the profile ``name`` (``[profiles.NAME]``): its scenarios, each with the
+    methods the profile names there, in the scenario's order."""
+    profiles = work.get("profiles", {})
+    if name not in profiles:
+        raise SystemExit(f"--profile {name!r}: the workload has "
+                         f"{', '.join(profiles) or 'no profiles'}")  # fmt: skip
+    runs = profiles[name]["scenarios"]
+    scenarios = {n: {**s, "methods": [m for m in s["methods"] if m in runs[n]]}
+                 for n, s in work["scenarios"].items() if n in runs}  # fmt: skip
+    return {**work, "scenarios": scenarios}
+
+
 def quick_peers(work: dict[str, Any]) -> dict[str, Any]:
     """The protocol in miniature with the peers, for the tests: BSP, Horovod and DDP on 2 ranks
     on shared memory without emulation, the tiny runs of :func:`quick`, one measuring seed."""
@@ -426,6 +439,9 @@ def parse_seeds(text: str) -> list[int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", type=Path, default=WORKLOAD, help="a workload file (TOML)")
+    p.add_argument("--profile", default="",
+                   help="a named cut of the scenarios and methods ([profiles.NAME] in the "
+                        "workload), e.g. goals: what the goals are judged on, in under an hour")
     p.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
     p.add_argument("--methods", default="",
                    help="comma-separated methods (default: each scenario's own); BSP always "
@@ -452,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     work = load_workload(args.workload)
     if args.quick and args.quick_peers:
         raise SystemExit("bench_evidence: give --quick or --quick-peers, not both")
+    if args.profile:
+        work = with_profile(work, args.profile)
     if args.quick:
         work = quick(work)
     if args.quick_peers:
@@ -493,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare_data(work)
     quick_flags = [f for f, on in (("--quick", args.quick), ("--quick-peers", args.quick_peers))
                    if on]  # fmt: skip
+    if args.profile:
+        quick_flags += ["--profile", args.profile]
     if args.methods:
         quick_flags += ["--methods", args.methods]
     if args.seeds:
@@ -523,9 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables:
         Path(args.tables).write_text(
             f"# The evidence protocol (benchmarks/bench_evidence.py)\n\nCommit {commit}, "
-            f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}.\n\n{text}\n"
+            f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}"
+            f"{f', profile {args.profile}' if args.profile else ''}.\n\n{text}\n"
         )
     print(json.dumps({**goals(results), "commit": commit, "workload": args.workload.name,
+                      "profile": args.profile or None,
                       "quick": args.quick or args.quick_peers,
                       "seconds": round(time.time() - started),
                       "detail": results}))  # fmt: skip

@@ -134,9 +134,16 @@ def test_every_scenario_and_method_of_the_workload_is_a_valid_run(name: str) -> 
          r"\[scenarios.testbed_iid_3x\] testbed has 3 slots for ranks = 2"),
         (WORKLOAD_TEXT.replace('"cpu=0.33,link=200mbit"]', '"cpu=0.33,link=200mbps"]'),
          r"\[scenarios.testbed_iid_3x\] testbed"),
+        (WORKLOAD_TEXT.replace("\ndemo = [", "\ndemoo = [", 1),
+         r"\[profiles.goals\] names the scenario 'demoo', which the workload lacks"),
+        (WORKLOAD_TEXT.replace('testbed_iid_3x = ["bsp", ', 'testbed_iid_3x = [', 1),
+         r"\[profiles.goals\] testbed_iid_3x = .*bsp among them"),
+        (WORKLOAD_TEXT.replace('testbed_iid_3x = ["bsp", ', 'testbed_iid_3x = ["bsp", "ssp", ', 1),
+         r"\[profiles.goals\] testbed_iid_3x = .*take methods the scenario runs"),
     ],
     ids=["no-protocol", "missing-key", "typo-in-a-method", "not-toml", "peer-emulated",
-         "unknown-peer", "peer-with-settings", "peer-misnamed", "testbed-ranks", "testbed-spec"],
+         "unknown-peer", "peer-with-settings", "peer-misnamed", "testbed-ranks", "testbed-spec",
+         "profile-scenario", "profile-without-bsp", "profile-method"],
 )
 def test_a_bad_workload_is_one_line_naming_the_file(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "w.toml"
@@ -236,16 +243,19 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
     assert result["commit"]
 
     # the same run's last line, frozen: one more seed measured at its target and choices
+    # (under a profile whose first scenario is the same, passed on to the launched ranks)
     frozen = tmp_path / "frozen.json"
     frozen.write_text(proc.stdout.strip().splitlines()[-1])
     again = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick",
-         "--frozen", str(frozen), "--seeds", "2"],
+         "--frozen", str(frozen), "--seeds", "2", "--profile", "goals"],
         capture_output=True, text=True, timeout=200, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "190"},
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    more = json.loads(again.stdout.strip().splitlines()[-1])["detail"][name]
+    last = json.loads(again.stdout.strip().splitlines()[-1])
+    more = last["detail"][name]
+    assert last["profile"] == "goals" and result["profile"] is None
     assert "tune " not in again.stdout and "measuring only" in again.stdout
     assert more["target"] == res["target"] and more["chosen"] == res["chosen"]
     assert more["tuning"] == {} and "frozen_from" in more
@@ -299,6 +309,18 @@ def test_methods_cut_every_scenario_and_keep_bsp() -> None:
     assert work["scenarios"]["demo"]["methods"][-2:] == ["diloco", "ssp"]  # not changed
     with pytest.raises(SystemExit, match="unknown method.*dilco"):
         bench_evidence.only_methods(work, ["dilco"])
+
+
+def test_a_profile_cuts_the_scenarios_and_their_methods() -> None:
+    work = _protocol.load_workload(bench_evidence.WORKLOAD)
+    goals = bench_evidence.with_profile(work, "goals")
+    assert list(goals["scenarios"]) == ["demo", "iid_3x_slowlink", "testbed_iid_3x"]
+    assert goals["scenarios"]["testbed_iid_3x"]["methods"] == [
+        "bsp", "bsp_dynamic", "fedavg_dynamic", "horovod"]  # fmt: skip
+    assert goals["scenarios"]["demo"]["link"] == work["scenarios"]["demo"]["link"]
+    assert len(work["scenarios"]["demo"]["methods"]) == 6  # not changed
+    with pytest.raises(SystemExit, match="--profile 'goal': the workload has goals"):
+        bench_evidence.with_profile(work, "goal")
 
 
 def test_frozen_choices_name_what_is_missing(tmp_path: Path) -> None:
