@@ -134,8 +134,8 @@ def with_profile(work: dict[str, Any], name: str) -> dict[str, Any]:
     methods the profile names there, in the scenario's order."""
     profiles = work.get("profiles", {})
     if name not in profiles:
-        raise SystemExit(f"--profile {name!r}: the workload has "
-                         f"{', '.join(profiles) or 'no profiles'}")  # fmt: skip
+        raise SystemExit(f"--profile {name!r}: no such profile; the workload's profiles: "
+                         f"{', '.join(profiles) or 'none'} ([profiles.NAME])")  # fmt: skip
     runs = profiles[name]["scenarios"]
     scenarios = {n: {**s, "methods": [m for m in s["methods"] if m in runs[n]]}
                  for n, s in work["scenarios"].items() if n in runs}  # fmt: skip

@@ -319,7 +319,7 @@ def test_a_profile_cuts_the_scenarios_and_their_methods() -> None:
         "bsp", "bsp_dynamic", "fedavg_dynamic", "horovod"]  # fmt: skip
     assert goals["scenarios"]["demo"]["link"] == work["scenarios"]["demo"]["link"]
     assert len(work["scenarios"]["demo"]["methods"]) == 6  # not changed
-    with pytest.raises(SystemExit, match="--profile 'goal': the workload has goals"):
+    with pytest.raises(SystemExit, match="'goal': no such profile; the workload's profiles: goals"):
         bench_evidence.with_profile(work, "goal")
 
 
