@@ -492,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank() == 0:
             Path(args.result).write_text(json.dumps(res))
         return 0
+    if args.profile:
+        print(f"profile {args.profile}: {work['profiles'][args.profile]['description']}",
+              flush=True)  # fmt: skip
     names = [n for n in (args.only.split(",") if args.only else work["scenarios"]) if n]
     unknown = sorted(set(names) - set(work["scenarios"]))
     if unknown:

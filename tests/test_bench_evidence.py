@@ -256,6 +256,7 @@ def test_quick_protocol_tunes_fixes_a_target_and_measures_every_seed(tmp_path: P
     last = json.loads(again.stdout.strip().splitlines()[-1])
     more = last["detail"][name]
     assert last["profile"] == "goals" and result["profile"] is None
+    assert "profile goals: what the goals are judged on" in again.stdout
     assert "tune " not in again.stdout and "measuring only" in again.stdout
     assert more["target"] == res["target"] and more["chosen"] == res["chosen"]
     assert more["tuning"] == {} and "frozen_from" in more
