@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRATCH_ENV = "HETHPC_SCRATCH"  # where the launched ranks' run directories go (_scratch.py)
 
 
 def under_mpi() -> bool:
@@ -29,4 +36,102 @@ def relaunch(
     print("launching:", " ".join(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.setdefault("HETHPC_MPIRUN_TIMEOUT", str(int(timeout_s)))
-    return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+    return run_ranks(cmd, env)
+
+
+def run_ranks(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run ``cmd`` (a launcher: mpirun, or a testbed around it) to its end; its exit code.
+
+    Its ranks' run directories (checkpoints: hundreds of MB over a protocol) go under a folder
+    of this process's (``HETHPC_SCRATCH``), removed once the launcher and every rank have
+    ended, also after Ctrl-C or SIGTERM. The launcher is asked to end its ranks: SIGTERM, then
+    SIGKILL after 30 s; after Ctrl-C, which a terminal sends it too, only if it has not ended
+    in 10 s (a second signal makes mpirun leave at once, before its ranks). Ranks whose
+    launcher ended first become this process's (a child subreaper, Linux), which waits for them
+    (SIGKILL after 30 s), so no rank writes after the removal. Then the interrupt goes on.
+    """
+    _adopt_orphans()
+    with tempfile.TemporaryDirectory(prefix="hethpc-scratch-") as root, _sigterm_interrupts():
+        proc = subprocess.Popen(list(cmd), cwd=ROOT, env={**env, SCRATCH_ENV: root})
+        try:
+            return proc.wait()
+        except KeyboardInterrupt as e:
+            with _sigterm_interrupts(False):
+                _end(proc, told=not isinstance(e, _Terminated))
+            raise
+        finally:
+            with _sigterm_interrupts(False):
+                _reap_orphans(30.0)
+
+
+def _end(proc: subprocess.Popen[bytes], *, told: bool) -> None:
+    """End the launcher: SIGTERM (unless ``told``: it got the same Ctrl-C, and is given 10 s to
+    end its ranks), then SIGKILL after 30 s."""
+    for sig, wait_s in ((None, 10.0 if told else 0.0), (signal.SIGTERM, 30.0)):
+        if sig is not None:
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    proc.wait()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C is."""
+
+
+def _adopt_orphans() -> None:
+    """Make this process a child subreaper (Linux's prctl PR_SET_CHILD_SUBREAPER): a rank
+    whose launcher ended first becomes this process's child instead of init's."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _reap_orphans(timeout_s: float) -> None:
+    """Wait for every remaining child (ranks adopted after their launcher ended); SIGKILL any
+    still running after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid:
+            continue
+        if time.monotonic() > deadline:
+            for child in _children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)
+
+
+def _children() -> list[int]:
+    """This process's children (Linux's /proc; elsewhere none known)."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(x) for x in task.read_text().split()]
+    return pids
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(on: bool = True) -> Iterator[None]:
+    """SIGTERM (a scheduler's cancel) as Ctrl-C is, while inside (``on``); ignored while
+    inside with ``on`` false (the launcher is being ended). Outside the main thread: as is."""
+
+    def interrupt(_sig: int, _frame: FrameType | None) -> None:
+        raise _Terminated
+
+    try:
+        old = signal.signal(signal.SIGTERM, interrupt if on else signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import _peer_runs
-from _launch import ROOT, under_mpi
+from _launch import ROOT, run_ranks, under_mpi
 from _protocol import (
     METRICS,
     PEERS,
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             # a bound against a hang, not a budget: a text scenario takes about 75 minutes
             env.setdefault("HETHPC_MPIRUN_TIMEOUT", "14400")
-            if subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode != 0:
+            if run_ranks(cmd, env) != 0:
                 raise SystemExit(f"bench_evidence: scenario {name} failed (its output is above)")
             results[name] = json.loads(out.read_text())
             print(table(name, results[name]), flush=True)  # kept in the log as each ends

@@ -31,6 +31,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -354,12 +355,28 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 p.kill()
                 p.wait()
         if self.munged_pid is not None:
-            try:
-                os.kill(self.munged_pid, 15)
-            except ProcessLookupError:
-                pass
+            _end_daemon(self.munged_pid)  # it writes its seed file into root as it leaves
             self.munged_pid = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _end_daemon(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM a daemon (not this process's child) and wait until it is gone; SIGKILL after
+    ``timeout_s``."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":  # ended, not yet reaped by init
+                return
+            time.sleep(0.05)
 
 
 def _has_user(name: str) -> bool:

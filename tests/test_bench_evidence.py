@@ -4,10 +4,15 @@ target, choice, seeds), one with the peers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -198,17 +203,60 @@ def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
         bench_evidence.main(["--only", "testbed_demo"])
     launched: list[list[str]] = []
 
-    def launch(cmd: list[str], **_kw: object) -> None:
+    def launch(cmd: list[str], _env: object) -> None:
         launched.append(cmd)
         raise KeyboardInterrupt  # stop at the first scenario's launch
 
-    monkeypatch.setattr(bench_evidence.subprocess, "run", launch)
+    monkeypatch.setattr(bench_evidence, "run_ranks", launch)
     monkeypatch.setattr(bench_evidence, "_commit", lambda: "unknown")
     with pytest.raises(KeyboardInterrupt):  # all scenarios: the testbed's are left out
         bench_evidence.main([])
     out = capsys.readouterr().out
     assert "testbed_iid_3x: left out" in out and "testbed_demo: left out" in out
     assert launched[0][0].endswith("mpirun.sh") and "demo" in launched[0]
+
+
+@pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_an_interrupted_protocol_leaves_no_runs_behind(how: str) -> None:
+    # a scheduler's cancel (SIGTERM to the benchmark) or Ctrl-C at a terminal (SIGINT to the
+    # whole process group) during the first runs: the ranks end and their run directories go
+    # (a temporary folder of its own, short: Open MPI's sockets live there too)
+    tmp = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "170",
+                 "TMPDIR": str(tmp)},
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("hethpc-scratch-*/hethpc-evidence-*/*")):  # a run started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        time.sleep(1.0)
+        if how == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=90)[0]
+        assert proc.returncode != 0, out
+        for _ in range(100):  # every process of the session ended
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"processes of the interrupted run still alive\n{out[-2000:]}")
+        left = [p.name for p in tmp.iterdir() if p.name.startswith(("hethpc-", "bench-"))]
+        assert left == [], f"{sorted(str(p) for p in tmp.rglob('*'))[:20]}\n{out[-2000:]}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
