@@ -48,7 +48,8 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str]) -> int:
     SIGKILL after 30 s; after Ctrl-C, which a terminal sends it too, only if it has not ended
     in 10 s (a second signal makes mpirun leave at once, before its ranks). Ranks whose
     launcher ended first become this process's (a child subreaper, Linux), which waits for them
-    (SIGKILL after 30 s), so no rank writes after the removal. Then the interrupt goes on.
+    (SIGKILL after 30 s), so no rank writes after the removal. Then it exits: 130 (Ctrl-C) or
+    143 (SIGTERM), with one line saying so.
     """
     _adopt_orphans()
     with tempfile.TemporaryDirectory(prefix="hethpc-scratch-") as root, _sigterm_interrupts():
@@ -56,9 +57,13 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str]) -> int:
         try:
             return proc.wait()
         except KeyboardInterrupt as e:
+            term = isinstance(e, _Terminated)
             with _sigterm_interrupts(False):
-                _end(proc, told=not isinstance(e, _Terminated))
-            raise
+                _end(proc, told=not term)
+            print(f"{Path(sys.argv[0]).name}: stopped by {'SIGTERM' if term else 'Ctrl-C'}; "
+                  "its ranks have ended, and their run directories are removed", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            raise SystemExit(128 + (signal.SIGTERM if term else signal.SIGINT)) from None
         finally:
             with _sigterm_interrupts(False):
                 _reap_orphans(30.0)
