@@ -450,7 +450,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the protocol in miniature: one scenario, two methods, tiny runs")
     p.add_argument("--quick-peers", action="store_true",
                    help="the same with BSP and the peers (Horovod, DDP) on shared memory")
-    p.add_argument("--tables", default="", help="also write the markdown tables to this file")
+    p.add_argument("--tables", default="",
+                   help="also write the markdown tables to this file (rewritten as each scenario "
+                        "ends)")  # fmt: skip
     p.add_argument("--frozen", type=Path, default=None,
                    help="measure only, at an earlier run's target and choices: its last JSON "
                         "line in a file (or {scenario: {target, chosen, target_finals, "
@@ -461,6 +463,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scenario", default="", help=argparse.SUPPRESS)  # a launched scenario
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def write_tables(path: Path, results: dict[str, Any], commit: str, args: argparse.Namespace,
+                 *, done: int, of: int) -> None:  # fmt: skip
+    """``--tables``: the markdown tables of the scenarios that have ended, rewritten as each
+    ends (the header says how many of how many)."""
+    text = "\n\n".join(table(n, r) for n, r in results.items())
+    so_far = "" if done == of else f" {done} of {of} scenarios so far."
+    path.write_text(
+        f"# The evidence protocol (benchmarks/bench_evidence.py)\n\nCommit {commit}, "
+        f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}"
+        f"{f', profile {args.profile}' if args.profile else ''}.{so_far}\n\n{text}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -541,14 +556,10 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = json.loads(out.read_text())
             print(table(name, results[name]), flush=True)  # kept in the log as each ends
             print(json.dumps({"scenario": name, **results[name]}), flush=True)
-    text = "\n\n".join(table(n, r) for n, r in results.items())
-    print(text)
-    if args.tables:
-        Path(args.tables).write_text(
-            f"# The evidence protocol (benchmarks/bench_evidence.py)\n\nCommit {commit}, "
-            f"{time.strftime('%Y-%m-%d')}, workload {args.workload.name}"
-            f"{f', profile {args.profile}' if args.profile else ''}.\n\n{text}\n"
-        )
+            if args.tables:  # the scenarios so far: an interrupted run keeps what ended
+                write_tables(Path(args.tables), results, commit, args, done=len(results),
+                             of=len(names))  # fmt: skip
+    print("\n\n".join(table(n, r) for n, r in results.items()))
     print(json.dumps({**goals(results), "commit": commit, "workload": args.workload.name,
                       "profile": args.profile or None,
                       "quick": args.quick or args.quick_peers,
