@@ -216,6 +216,12 @@ def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
     assert launched[0][0].endswith("mpirun.sh") and "demo" in launched[0]
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C's default action, which a command started in the background (``make test &``, a CI
+    runner) inherits as ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif("OMPI_COMM_WORLD_SIZE" in os.environ, reason="launches mpirun itself")
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
@@ -228,7 +234,7 @@ def test_an_interrupted_protocol_leaves_no_runs_behind(how: str) -> None:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "benchmarks" / "bench_evidence.py"), "--quick"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_as_at_a_terminal,
             env={**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": "170",
                  "TMPDIR": str(tmp)},
         )  # fmt: skip
