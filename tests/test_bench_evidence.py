@@ -216,6 +216,20 @@ def test_a_testbed_scenario_on_a_host_without_one_is_one_line(
     assert launched[0][0].endswith("mpirun.sh") and "demo" in launched[0]
 
 
+def _in_session(sid: int) -> list[str]:
+    """The live processes of session ``sid`` (/proc), as "pid command"."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name} {text.split('(', 1)[1].rsplit(')', 1)[0]}")
+    return found
+
+
 def _as_at_a_terminal() -> None:
     """Ctrl-C's default action, which a command started in the background (``make test &``, a CI
     runner) inherits as ignored."""
@@ -250,14 +264,8 @@ def test_an_interrupted_protocol_leaves_no_runs_behind(how: str) -> None:
         out = proc.communicate(timeout=90)[0]
         assert proc.returncode == (143 if how == "SIGTERM" else 130), out
         assert f"stopped by {how}; its ranks have ended" in out and "Traceback" not in out, out
-        for _ in range(100):  # every process of the session ended
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"processes of the interrupted run still alive\n{out[-2000:]}")
+        alive = _in_session(proc.pid)  # the ranks too (mpirun gives them groups of their own)
+        assert alive == [], f"still running: {alive}\n{out[-2000:]}"
         left = [p.name for p in tmp.iterdir() if p.name.startswith(("hethpc-", "bench-"))]
         assert left == [], f"{sorted(str(p) for p in tmp.rglob('*'))[:20]}\n{out[-2000:]}"
     finally:
