@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +93,8 @@ def test_a_killed_node_ends_the_job_naming_it_and_nothing_is_left(tmp_path: Path
         assert f"on node {bed.address(1)}" in text, text
         assert _left(bed) == [], "processes of the run left on the nodes"
     assert _namespaces("tkill") == []
+    # the killed node's Open MPI daemon left its session directory; the testbed's teardown took it
+    assert list(Path(tempfile.gettempdir()).glob("ompi.tkill-node*")) == []
 
 
 @pytest.mark.timeout(120)

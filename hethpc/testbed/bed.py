@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -403,6 +406,16 @@ def reap_stale() -> list[str]:
     return removed
 
 
+def _remove_session_dirs(name: str) -> None:
+    """Open MPI's session directories of testbed ``name``'s nodes (``ompi.HOSTNAME.UID`` in the
+    temporary folder, named by the nodes' hostnames, which are the testbed's own): a daemon
+    that was killed (a node cut, a job ended by force) leaves its own behind."""
+    mine = re.compile(rf"ompi\.{re.escape(name)}-node\d+\.{os.getuid()}")
+    for d in Path(tempfile.gettempdir()).glob("ompi.*"):
+        if mine.fullmatch(d.name) and d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _teardown(name: str, children: Sequence[subprocess.Popen[Any]] = ()) -> None:
     """Everything of testbed ``name``, found by its names (whether or not its state is known);
     ``children``: this process's own processes on it, waited for (a zombie pins its cgroup)."""
@@ -415,6 +428,7 @@ def _teardown(name: str, children: Sequence[subprocess.Popen[Any]] = ()) -> None
     kernel.remove_cgroup(group)
     if CGROUP_ROOT.is_dir() and not any(p.is_dir() for p in CGROUP_ROOT.iterdir()):
         CGROUP_ROOT.rmdir()
+    _remove_session_dirs(name)
     for ns in nss:
         kernel.delete_namespace(ns)
     state = STATE_ROOT / name
