@@ -52,6 +52,7 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str]) -> int:
     143 (SIGTERM), with one line saying so.
     """
     _adopt_orphans()
+    others = set(_children())  # this process's children before the launch: not its ranks
     with tempfile.TemporaryDirectory(prefix="hethpc-scratch-") as root, _sigterm_interrupts():
         proc = subprocess.Popen(list(cmd), cwd=ROOT, env={**env, SCRATCH_ENV: root})
         try:
@@ -66,7 +67,7 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str]) -> int:
             raise SystemExit(128 + (signal.SIGTERM if term else signal.SIGINT)) from None
         finally:
             with _sigterm_interrupts(False):
-                _reap_orphans(30.0)
+                _reap_orphans(30.0, others)
 
 
 def _end(proc: subprocess.Popen[bytes], *, told: bool) -> None:
@@ -89,27 +90,25 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _adopt_orphans() -> None:
-    """Make this process a child subreaper (Linux's prctl PR_SET_CHILD_SUBREAPER): a rank
-    whose launcher ended first becomes this process's child instead of init's."""
+    """Make this process a child subreaper (Linux's prctl PR_SET_CHILD_SUBREAPER), for the rest
+    of its life: a rank whose launcher ended first becomes this process's child instead of
+    init's."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _reap_orphans(timeout_s: float) -> None:
-    """Wait for every remaining child (ranks adopted after their launcher ended); SIGKILL any
-    still running after ``timeout_s``."""
+def _reap_orphans(timeout_s: float, others: set[int]) -> None:
+    """Wait for every child but ``others`` (ranks adopted after their launcher ended), each by
+    its pid; SIGKILL any still running after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # none left
-        if pid:
-            continue
+    while adopted := [pid for pid in _children() if pid not in others]:
+        for pid in adopted:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         if time.monotonic() > deadline:
-            for child in _children():
+            for pid in adopted:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
             deadline = float("inf")
         time.sleep(0.1)
 
