@@ -80,6 +80,19 @@ def test_bad_name_refused() -> None:
         Testbed([{}], name="My-Bed")
 
 
+def test_name_is_taken_before_or_after_the_sub_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from hethpc.cli.testbed import main
+
+    for argv in (["--name", "nope", "down"], ["down", "--name", "nope"]):
+        assert main(argv) == 0
+        assert "no testbed named 'nope' is up" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["down", "--nodes", "x.toml"])
+    err = capsys.readouterr().err
+    assert "--nodes is not taken there: see hethpc-testbed --help" in err
+    assert "did you mean" not in err
+
+
 # --- on the kernel (root) ------------------------------------------------------------------------
 def _leftovers(name: str) -> list[str]:
     found = [ns for ns in kernel.namespaces() if ns.startswith(f"{PREFIX}{name}-")]

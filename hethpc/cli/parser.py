@@ -28,20 +28,28 @@ def flag_hint(parser: argparse.ArgumentParser, message: str) -> str:
     """``"; did you mean --epochs?"`` for the unknown flags of an argparse message, or ``""``.
 
     The candidates are the flags of ``parser`` and of its sub-commands. An unknown flag that
-    begins a few (a shortened one, ``--sync-w``) is offered them, another the closest spelling.
+    begins a few (a shortened one, ``--sync-w``) is offered them, another the closest spelling;
+    a flag the command has, given in another sub-command's place, is told so.
     """
     if "unrecognized arguments" not in message:
         return ""
     flags = sorted(set(_flags(parser)))
     words = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
     close: list[str] = []
+    misplaced = [w for w in words if w in flags]  # a flag of the command, given where it is not
     for w in words:
+        if w in misplaced:
+            continue
         longer = [f for f in flags if f.startswith(w) and len(w) > 2]
         if 0 < len(longer) <= 3:
             close.append(" or ".join(longer))
         else:
             close += difflib.get_close_matches(w, flags, n=1)
-    return f"; did you mean {', '.join(close)}?" if close else ""
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if misplaced:
+        hint += (f"; {', '.join(misplaced)} is not taken there: see {parser.prog} --help, and "
+                 "each sub-command's --help, for where it goes")  # fmt: skip
+    return hint
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

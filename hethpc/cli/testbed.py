@@ -71,20 +71,27 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--period-ms", type=float, default=100.0,
                        help="CFS period of the CPU quotas, ms (default 100)")  # fmt: skip
 
-    up = sub.add_parser("up", help="bring a testbed up and leave it up")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        # --name after the sub-command too (``up --name mine``), as before it
+        q = sub.add_parser(name, help=help)
+        q.add_argument("--name", default=argparse.SUPPRESS,
+                       help="the testbed's name (default: tb)")  # fmt: skip
+        return q
+
+    up = command("up", "bring a testbed up and leave it up")
     nodes_args(up)
-    run = sub.add_parser("run", help="run a command on the head (mpirun there spans the nodes)")
+    run = command("run", "run a command on the head (mpirun there spans the nodes)")
     nodes_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
-    sub.add_parser("status", help="the testbeds that are up, their nodes and bytes moved")
-    sub.add_parser("down", help="end every process on it and remove it")
-    link = sub.add_parser("link", help="change a node's link: a rate, 'down', 'up' or 'none'")
+    command("status", "the testbeds that are up, their nodes and bytes moved")
+    command("down", "end every process on it and remove it")
+    link = command("link", "change a node's link: a rate, 'down', 'up' or 'none'")
     link.add_argument("node")
     link.add_argument("rate")
-    cpu = sub.add_parser("cpu", help="change a node's CPU cap in cores ('none': no cap)")
+    cpu = command("cpu", "change a node's CPU cap in cores ('none': no cap)")
     cpu.add_argument("node")
     cpu.add_argument("cores")
-    kill = sub.add_parser("kill", help="kill every process on a node (a crashed node)")
+    kill = command("kill", "kill every process on a node (a crashed node)")
     kill.add_argument("node")
     args = p.parse_args(argv)
     try:
