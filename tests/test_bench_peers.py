@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hethpc.testbed.kernel import missing
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,3 +81,16 @@ def test_compression_benchmark_prints_steps_bytes_and_accuracy() -> None:
     for m in ("selsync", "diloco"):
         assert 3.9 < got[f"acc_cnn1d_{m}_int8_codec_ratio"] < 4
         assert got[f"acc_cnn1d_{m}_int8_seeds_below_fp32"] in ("0 of 1", "1 of 1")
+
+
+@pytest.mark.skipif(bool(missing()), reason="testbed needs " + "; ".join(missing()))
+def test_testbed_draws_benchmark_times_horovod_hethpc_and_ddp_on_a_fresh_testbed() -> None:
+    got = _last_json(["benchmarks/bench_testbed_draws.py", "--quick"])
+    (draw,) = got["detail"]
+    assert draw["nodes"] == "capped"
+    assert sorted(r["job"] for r in draw["runs"]) == ["ddp", "hethpc_bsp", "horovod"]
+    for r in draw["runs"]:
+        assert r["train_time_s"] > 0, r
+        assert len(r["throttled"]) == 2 and all(0 <= x <= 1 for x in r["throttled"]), r
+    for job in ("horovod", "hethpc_bsp", "ddp"):
+        assert got["summary"]["capped"][job]["finished"] == 1

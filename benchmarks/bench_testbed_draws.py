@@ -1,0 +1,180 @@
+"""The same job on fresh testbeds of the same nodes: how much its speed depends on the testbed
+it drew, for plain Horovod, hethpc's BSP and PyTorch DDP.
+
+    flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed_draws.py [--quick]
+
+Needs root on Linux (``hethpc.testbed``). Each draw brings up a fresh testbed of the demo's
+nodes (node0 at one core, node1 at half a core, both links 200 Mbit/s), runs one epoch of each
+job on it in a random order (seeded per draw), and takes it down. The jobs are the evidence
+protocol's first tuning run of ``testbed_demo`` (MNIST-1D, ``cnn1d_wide``, lr 0.1, global batch
+128, seed 100, 6 of 10 labels per rank, 10 % held out and scored every 25 steps, ``wsd``):
+``benchmarks/peer_horovod.py``, ``jobs/train.py --sync bsp`` and ``benchmarks/peer_ddp.py``.
+Draws alternate between the demo's nodes (``capped``) and the same nodes with node0 uncapped
+(``node0_uncapped``: it may use both of the host's cores), to tell whether node0's quota is
+what the draw decides.
+
+Printed per draw: each job's training time (evaluations excluded) and the share of each node's
+100 ms periods in which its quota stopped it. Then per node set and job: the median and range
+of the training times, and the draws slower than twice the job's fastest. The last line is one
+JSON object with every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hethpc.testbed import Testbed  # noqa: E402
+from hethpc.testbed.kernel import missing  # noqa: E402
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
+NODE_SETS: dict[str, list[dict[str, Any]]] = {
+    "capped": [{"cpu": 1.0, "link": "200mbit"}, {"cpu": 0.5, "link": "200mbit"}],
+    "node0_uncapped": [{"cpu": None, "link": "200mbit"}, {"cpu": 0.5, "link": "200mbit"}],
+}
+JOBS = ("horovod", "hethpc_bsp", "ddp")
+RUN_TIMEOUT_S = 300  # a job slower than this is recorded as such and the draw goes on
+
+
+def settings(epochs: int, samples: int) -> list[str]:
+    """The flags every job takes alike (``testbed_demo``'s first tuning run)."""
+    return [
+        "--epochs", str(epochs), "--batch-size", "128", "--lr", "0.1", "--seed", "100",
+        "--partition", "labels", "--labels-per-rank", "6", "--samples", str(samples),
+        "--val-fraction", "0.1", "--eval-every-steps", "25", "--lr-schedule", "wsd",
+    ]  # fmt: skip
+
+
+def job_argv(job: str, common: list[str], out: Path) -> list[str]:
+    """The command line of ``job`` on 2 ranks; it leaves its summary at ``out``."""
+    if job == "hethpc_bsp":
+        script = [str(ROOT / "jobs" / "train.py"), "--model", "cnn1d_wide", "--sync", "bsp",
+                  "--batching", "uniform", "--run-dir", str(out.parent / "run"), "--overwrite",
+                  "--progress", "false", "--checkpoint-every", "0"]  # fmt: skip
+    else:
+        script = [str(ROOT / "benchmarks" / f"peer_{job}.py"), "--out", str(out)]
+    return [MPIRUN, "-np", "2", PY, *script, *common]
+
+
+def throttled_share(before: dict[str, int], after: dict[str, int]) -> float | None:
+    """The share of a node's quota periods in which it was stopped; None when it has no quota."""
+    periods = after["nr_periods"] - before["nr_periods"]
+    if periods <= 0:
+        return None
+    return (after["nr_throttled"] - before["nr_throttled"]) / periods
+
+
+def run_job(bed: Testbed, job: str, common: list[str], tmp: Path) -> dict[str, Any]:
+    """One job on ``bed``: its training time and each node's throttled share."""
+    out = tmp / f"{job}.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": str(RUN_TIMEOUT_S)}
+    before = [bed.cpu_stat(i) for i in range(len(bed.nodes))]
+    proc = bed.run(job_argv(job, common, out), capture_output=True, text=True, env=env, cwd=ROOT)
+    after = [bed.cpu_stat(i) for i in range(len(bed.nodes))]
+    shares = [throttled_share(b, a) for b, a in zip(before, after, strict=True)]
+    summary = tmp / "run" / "summary.json" if job == "hethpc_bsp" else out
+    if proc.returncode != 0 or not summary.is_file():
+        tail = (proc.stdout + proc.stderr)[-300:].replace("\n", " | ")
+        return {"job": job, "train_time_s": None, "throttled": shares,
+                "failed": f"exit {proc.returncode}: {tail}"}  # fmt: skip
+    got = json.loads(summary.read_text())
+    return {"job": job, "train_time_s": got["train_time_s"], "throttled": shares}
+
+
+def _share(x: float | None) -> str:
+    return "uncapped" if x is None else f"{x:.0%}"
+
+
+def summarize(draws: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per node set and job: the median and range of the training times, and the draws slower
+    than twice the job's fastest (under that node set)."""
+    out: dict[str, Any] = {}
+    for nodes in NODE_SETS:
+        mine = [d for d in draws if d["nodes"] == nodes]
+        if not mine:
+            continue
+        out[nodes] = {}
+        for job in JOBS:
+            times = [r["train_time_s"] for d in mine for r in d["runs"] if r["job"] == job]
+            done = [t for t in times if t is not None]
+            if not done:
+                out[nodes][job] = {"draws": len(times), "finished": 0}
+                continue
+            out[nodes][job] = {
+                "draws": len(times),
+                "finished": len(done),
+                "median_s": round(statistics.median(done), 2),
+                "min_s": round(min(done), 2),
+                "max_s": round(max(done), 2),
+                "slower_than_2x_fastest": sum(t > 2 * min(done) for t in done)
+                + (len(times) - len(done)),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="one draw of the demo's nodes, 2,000 samples")  # fmt: skip
+    p.add_argument("--draws", type=int, default=8, help="fresh testbeds per node set (default 8)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs of each job (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the jobs' order in each draw")
+    a = p.parse_args(argv)
+    lack = missing()
+    if lack:
+        raise SystemExit("bench_testbed_draws needs a testbed; this host lacks " + "; ".join(lack))
+    if a.draws < 1 or a.epochs < 1:
+        p.error("--draws and --epochs must be at least 1")
+    draws_per_set = 1 if a.quick else a.draws
+    common = settings(a.epochs, 2000 if a.quick else 20000)
+    order = ["capped"] if a.quick else [n for _ in range(draws_per_set) for n in NODE_SETS]
+    rng = random.Random(a.seed)
+    draws: list[dict[str, Any]] = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-draws-") as d:
+        tmp = Path(d)
+        for i, nodes in enumerate(order):
+            jobs = list(JOBS)
+            rng.shuffle(jobs)
+            with Testbed(NODE_SETS[nodes], name="bdraws") as bed:
+                runs = [run_job(bed, job, common, tmp) for job in jobs]
+            draws.append({"draw": i, "nodes": nodes, "runs": runs})
+            cells = []
+            for r in sorted(runs, key=lambda r: JOBS.index(r["job"])):
+                t = "failed" if r["train_time_s"] is None else f"{r['train_time_s']:5.1f} s"
+                cells.append(f"{r['job']} {t} (throttled "
+                             f"{'/'.join(_share(x) for x in r['throttled'])})")  # fmt: skip
+            print(f"draw {i:2} {nodes:14} " + "  ".join(cells), flush=True)
+            for r in runs:
+                if "failed" in r:
+                    print(f"  {r['job']} failed: {r['failed']}", flush=True)
+    summary = summarize(draws)
+    for nodes, jobs in summary.items():
+        for job, s in jobs.items():
+            if not s["finished"]:
+                print(f"{nodes:14} {job:10}: none of {s['draws']} finished")
+                continue
+            print(f"{nodes:14} {job:10}: {s['median_s']:.1f} s [{s['min_s']:.1f}..{s['max_s']:.1f}]"
+                  f" over {s['draws']} testbeds; {s['slower_than_2x_fastest']} slower than twice "
+                  "the fastest")  # fmt: skip
+    print(json.dumps({"quick": a.quick, "epochs": a.epochs, "draws_per_set": draws_per_set,
+                      "summary": summary, "wall_s": round(time.time() - t0, 1),
+                      "detail": draws}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
