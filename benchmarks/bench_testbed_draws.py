@@ -3,15 +3,16 @@ it drew, for plain Horovod, hethpc's BSP and PyTorch DDP.
 
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed_draws.py [--quick]
 
-Needs root on Linux (``hethpc.testbed``). Each draw brings up a fresh testbed of the demo's
-nodes (node0 at one core, node1 at half a core, both links 200 Mbit/s), runs one epoch of each
-job on it in a random order (seeded per draw), and takes it down. The jobs are the evidence
-protocol's first tuning run of ``testbed_demo`` (MNIST-1D, ``cnn1d_wide``, lr 0.1, global batch
-128, seed 100, 6 of 10 labels per rank, 10 % held out and scored every 25 steps, ``wsd``):
-``benchmarks/peer_horovod.py``, ``jobs/train.py --sync bsp`` and ``benchmarks/peer_ddp.py``.
-Draws alternate between the demo's nodes (``capped``) and the same nodes with node0 uncapped
-(``node0_uncapped``: it may use both of the host's cores), to tell whether node0's quota is
-what the draw decides.
+Needs root on Linux (``hethpc.testbed``). Each draw brings up a fresh testbed of a testbed
+scenario's nodes (``--scenario``, from ``benchmarks/workloads/mnist1d.toml``; default
+``testbed_demo``: node0 at one core, node1 at half a core, both links 200 Mbit/s), runs one
+epoch of each job on it in a random order (seeded per draw), and takes it down. The jobs are
+that scenario's first tuning run in the evidence protocol (MNIST-1D, ``cnn1d_wide``, lr 0.1,
+global batch 128, seed 100, the scenario's partition, 10 % held out and scored every 25 steps,
+``wsd``): ``benchmarks/peer_horovod.py``, ``jobs/train.py --sync bsp`` and
+``benchmarks/peer_ddp.py``. Draws alternate between the scenario's nodes (``capped``) and the
+same nodes with node0 uncapped (``node0_uncapped``: it may use both of the host's cores), to
+tell whether node0's quota is what the draw decides.
 
 Printed per draw: each job's training time (evaluations excluded) and the share of each node's
 100 ms periods in which its quota stopped it. Then per node set and job: the median and range
@@ -29,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +39,43 @@ sys.path.insert(0, str(ROOT))
 
 from hethpc.testbed import Testbed  # noqa: E402
 from hethpc.testbed.kernel import missing  # noqa: E402
+from hethpc.testbed.spec import parse_flag  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
-NODE_SETS: dict[str, list[dict[str, Any]]] = {
-    "capped": [{"cpu": 1.0, "link": "200mbit"}, {"cpu": 0.5, "link": "200mbit"}],
-    "node0_uncapped": [{"cpu": None, "link": "200mbit"}, {"cpu": 0.5, "link": "200mbit"}],
-}
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "mnist1d.toml"
+NODE_SETS = ("capped", "node0_uncapped")
 JOBS = ("horovod", "hethpc_bsp", "ddp")
 RUN_TIMEOUT_S = 300  # a job slower than this is recorded as such and the draw goes on
 
 
-def settings(epochs: int, samples: int) -> list[str]:
-    """The flags every job takes alike (``testbed_demo``'s first tuning run)."""
+def scenario(name: str) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
+    """A testbed scenario of the workload: its node sets (as given, and with node0 uncapped)
+    and its partition's flags.
+
+    Raises:
+        SystemExit: no such scenario, or one without a testbed (naming the ones there are).
+    """
+    scenarios = tomllib.loads(WORKLOAD.read_text())["scenarios"]
+    beds = sorted(n for n, s in scenarios.items() if "testbed" in s and s["ranks"] == 2)
+    if name not in beds:
+        raise SystemExit(f"bench_testbed_draws: --scenario {name!r} is not a 2-rank testbed "
+                         f"scenario of {WORKLOAD}; choose from {', '.join(beds)}")  # fmt: skip
+    s = scenarios[name]
+    capped = [parse_flag(n, where=f"{WORKLOAD} [scenarios.{name}]") for n in s["testbed"]]
+    uncapped = [{**capped[0], "cpu": "none"}, *capped[1:]]
+    partition = ["--partition", s["partition"]]
+    if s["partition"] == "labels":
+        partition += ["--labels-per-rank", str(s["labels_per_rank"])]
+    return {"capped": capped, "node0_uncapped": uncapped}, partition
+
+
+def settings(epochs: int, samples: int, partition: list[str]) -> list[str]:
+    """The flags every job takes alike (the scenario's first tuning run)."""
     return [
         "--epochs", str(epochs), "--batch-size", "128", "--lr", "0.1", "--seed", "100",
-        "--partition", "labels", "--labels-per-rank", "6", "--samples", str(samples),
-        "--val-fraction", "0.1", "--eval-every-steps", "25", "--lr-schedule", "wsd",
+        *partition, "--samples", str(samples), "--val-fraction", "0.1",
+        "--eval-every-steps", "25", "--lr-schedule", "wsd",
     ]  # fmt: skip
 
 
@@ -128,18 +150,22 @@ def summarize(draws: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="one draw of the demo's nodes, 2,000 samples")  # fmt: skip
+                   help="one draw of the scenario's nodes, 2,000 samples")  # fmt: skip
+    p.add_argument("--scenario", default="testbed_demo",
+                   help="a 2-rank testbed scenario of the MNIST-1D workload (default "
+                   "testbed_demo)")  # fmt: skip
     p.add_argument("--draws", type=int, default=8, help="fresh testbeds per node set (default 8)")
     p.add_argument("--epochs", type=int, default=1, help="epochs of each job (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jobs' order in each draw")
     a = p.parse_args(argv)
+    if a.draws < 1 or a.epochs < 1:
+        p.error("--draws and --epochs must be at least 1")
+    node_sets, partition = scenario(a.scenario)
     lack = missing()
     if lack:
         raise SystemExit("bench_testbed_draws needs a testbed; this host lacks " + "; ".join(lack))
-    if a.draws < 1 or a.epochs < 1:
-        p.error("--draws and --epochs must be at least 1")
     draws_per_set = 1 if a.quick else a.draws
-    common = settings(a.epochs, 2000 if a.quick else 20000)
+    common = settings(a.epochs, 2000 if a.quick else 20000, partition)
     order = ["capped"] if a.quick else [n for _ in range(draws_per_set) for n in NODE_SETS]
     rng = random.Random(a.seed)
     draws: list[dict[str, Any]] = []
@@ -149,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, nodes in enumerate(order):
             jobs = list(JOBS)
             rng.shuffle(jobs)
-            with Testbed(NODE_SETS[nodes], name="bdraws") as bed:
+            with Testbed(node_sets[nodes], name="bdraws") as bed:
                 runs = [run_job(bed, job, common, tmp) for job in jobs]
             draws.append({"draw": i, "nodes": nodes, "runs": runs})
             cells = []
@@ -170,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{nodes:14} {job:10}: {s['median_s']:.1f} s [{s['min_s']:.1f}..{s['max_s']:.1f}]"
                   f" over {s['draws']} testbeds; {s['slower_than_2x_fastest']} slower than twice "
                   "the fastest")  # fmt: skip
-    print(json.dumps({"quick": a.quick, "epochs": a.epochs, "draws_per_set": draws_per_set,
+    print(json.dumps({"quick": a.quick, "scenario": a.scenario, "nodes": node_sets,
+                      "epochs": a.epochs, "draws_per_set": draws_per_set,
                       "summary": summary, "wall_s": round(time.time() - t0, 1),
                       "detail": draws}))  # fmt: skip
     return 0
