@@ -4,8 +4,9 @@ it drew, for plain Horovod, hethpc's BSP and PyTorch DDP.
     flock /tmp/hethpc-bench.lock .venv/bin/python benchmarks/bench_testbed_draws.py [--quick]
 
 Needs root on Linux (``hethpc.testbed``). Each draw brings up a fresh testbed of a testbed
-scenario's nodes (``--scenario``, from ``benchmarks/workloads/mnist1d.toml``; default
-``testbed_demo``: node0 at one core, node1 at half a core, both links 200 Mbit/s), runs one
+scenario's nodes (``--scenarios``, from ``benchmarks/workloads/mnist1d.toml``; by default
+``testbed_demo``: node0 at one core, node1 at half a core, both links 200 Mbit/s, 6 of 10
+labels per rank; and ``testbed_iid_3x``: node1 at a third of a core, IID), runs one
 epoch of each job on it in a random order (seeded per draw), and takes it down. The jobs are
 that scenario's first tuning run in the evidence protocol (MNIST-1D, ``cnn1d_wide``, lr 0.1,
 global batch 128, seed 100, the scenario's partition, 10 % held out and scored every 25 steps,
@@ -15,9 +16,9 @@ same nodes with node0 uncapped (``node0_uncapped``: it may use both of the host'
 tell whether node0's quota is what the draw decides.
 
 Printed per draw: each job's training time (evaluations excluded) and the share of each node's
-100 ms periods in which its quota stopped it. Then per node set and job: the median and range
-of the training times, and the draws slower than twice the job's fastest. The last line is one
-JSON object with every run.
+100 ms periods in which its quota stopped it. Then per scenario, node set and job: the median
+and range of the training times, and the draws slower than twice the job's fastest. The last
+line is one JSON object with every run.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def scenario(name: str) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
     scenarios = tomllib.loads(WORKLOAD.read_text())["scenarios"]
     beds = sorted(n for n, s in scenarios.items() if "testbed" in s and s["ranks"] == 2)
     if name not in beds:
-        raise SystemExit(f"bench_testbed_draws: --scenario {name!r} is not a 2-rank testbed "
+        raise SystemExit(f"bench_testbed_draws: --scenarios: {name!r} is not a 2-rank testbed "
                          f"scenario of {WORKLOAD}; choose from {', '.join(beds)}")  # fmt: skip
     s = scenarios[name]
     capped = [parse_flag(n, where=f"{WORKLOAD} [scenarios.{name}]") for n in s["testbed"]]
@@ -121,84 +122,102 @@ def _share(x: float | None) -> str:
 
 
 def summarize(draws: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per node set and job: the median and range of the training times, and the draws slower
-    than twice the job's fastest (under that node set)."""
+    """Per scenario, node set and job: the median and range of the training times, and the
+    draws slower than twice the job's fastest there (a failed run counts as slower)."""
     out: dict[str, Any] = {}
-    for nodes in NODE_SETS:
-        mine = [d for d in draws if d["nodes"] == nodes]
-        if not mine:
-            continue
-        out[nodes] = {}
-        for job in JOBS:
-            times = [r["train_time_s"] for d in mine for r in d["runs"] if r["job"] == job]
-            done = [t for t in times if t is not None]
-            if not done:
-                out[nodes][job] = {"draws": len(times), "finished": 0}
-                continue
-            out[nodes][job] = {
-                "draws": len(times),
-                "finished": len(done),
-                "median_s": round(statistics.median(done), 2),
-                "min_s": round(min(done), 2),
-                "max_s": round(max(done), 2),
-                "slower_than_2x_fastest": sum(t > 2 * min(done) for t in done)
-                + (len(times) - len(done)),
-            }
+    for d in draws:
+        for r in d["runs"]:
+            cell = out.setdefault(d["scenario"], {}).setdefault(d["nodes"], {})
+            cell.setdefault(r["job"], []).append(r["train_time_s"])
+    for nodes_sets in out.values():
+        for jobs in nodes_sets.values():
+            for job, times in jobs.items():
+                done = [t for t in times if t is not None]
+                jobs[job] = {"draws": len(times), "finished": len(done)}
+                if done:
+                    jobs[job] |= {
+                        "median_s": round(statistics.median(done), 2),
+                        "min_s": round(min(done), 2),
+                        "max_s": round(max(done), 2),
+                        "slower_than_2x_fastest": sum(t > 2 * min(done) for t in done)
+                        + len(times) - len(done),
+                    }
     return out
+
+
+def figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary flat, one figure per row of RESULTS.md: ``SCENARIO.NODES.JOB`` ->
+    ``"median [min..max] s, k of n slower than twice the fastest"``."""
+    flat: dict[str, Any] = {}
+    for scen, node_sets in summary.items():
+        for nodes, jobs in node_sets.items():
+            for job, f in jobs.items():
+                if not f["finished"]:
+                    flat[f"{scen}.{nodes}.{job}"] = f"none of {f['draws']} finished"
+                    continue
+                flat[f"{scen}.{nodes}.{job}"] = (
+                    f"{f['median_s']:.1f} [{f['min_s']:.1f}..{f['max_s']:.1f}] s, "
+                    f"{f['slower_than_2x_fastest']} of {f['draws']} slower than twice the fastest"
+                )
+    return flat
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="one draw of the scenario's nodes, 2,000 samples")  # fmt: skip
-    p.add_argument("--scenario", default="testbed_demo",
-                   help="a 2-rank testbed scenario of the MNIST-1D workload (default "
-                   "testbed_demo)")  # fmt: skip
-    p.add_argument("--draws", type=int, default=8, help="fresh testbeds per node set (default 8)")
+                   help="one draw of the first scenario's nodes, 2,000 samples")  # fmt: skip
+    p.add_argument("--scenarios", default="testbed_demo,testbed_iid_3x",
+                   help="2-rank testbed scenarios of the MNIST-1D workload, comma-separated "
+                   "(default testbed_demo,testbed_iid_3x)")  # fmt: skip
+    p.add_argument("--draws", type=int, default=8,
+                   help="fresh testbeds per scenario and node set (default 8)")  # fmt: skip
     p.add_argument("--epochs", type=int, default=1, help="epochs of each job (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jobs' order in each draw")
     a = p.parse_args(argv)
     if a.draws < 1 or a.epochs < 1:
         p.error("--draws and --epochs must be at least 1")
-    node_sets, partition = scenario(a.scenario)
+    names = [n for n in a.scenarios.split(",") if n]
+    if not names:
+        p.error("--scenarios needs at least one scenario, e.g. testbed_demo")
+    scenarios = {n: scenario(n) for n in names}
     lack = missing()
     if lack:
         raise SystemExit("bench_testbed_draws needs a testbed; this host lacks " + "; ".join(lack))
     draws_per_set = 1 if a.quick else a.draws
-    common = settings(a.epochs, 2000 if a.quick else 20000, partition)
-    order = ["capped"] if a.quick else [n for _ in range(draws_per_set) for n in NODE_SETS]
+    samples = 2000 if a.quick else 20000
+    if a.quick:
+        order = [(names[0], "capped")]
+    else:  # scenario by scenario; within one, the node sets alternate
+        order = [(n, ns) for n in names for _ in range(draws_per_set) for ns in NODE_SETS]
     rng = random.Random(a.seed)
     draws: list[dict[str, Any]] = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-draws-") as d:
         tmp = Path(d)
-        for i, nodes in enumerate(order):
+        for i, (name, nodes) in enumerate(order):
+            node_sets, partition = scenarios[name]
+            common = settings(a.epochs, samples, partition)
             jobs = list(JOBS)
             rng.shuffle(jobs)
             with Testbed(node_sets[nodes], name="bdraws") as bed:
                 runs = [run_job(bed, job, common, tmp) for job in jobs]
-            draws.append({"draw": i, "nodes": nodes, "runs": runs})
+            draws.append({"draw": i, "scenario": name, "nodes": nodes, "runs": runs})
             cells = []
             for r in sorted(runs, key=lambda r: JOBS.index(r["job"])):
                 t = "failed" if r["train_time_s"] is None else f"{r['train_time_s']:5.1f} s"
                 cells.append(f"{r['job']} {t} (throttled "
                              f"{'/'.join(_share(x) for x in r['throttled'])})")  # fmt: skip
-            print(f"draw {i:2} {nodes:14} " + "  ".join(cells), flush=True)
+            print(f"draw {i:2} {name} {nodes:14} " + "  ".join(cells), flush=True)
             for r in runs:
                 if "failed" in r:
                     print(f"  {r['job']} failed: {r['failed']}", flush=True)
     summary = summarize(draws)
-    for nodes, jobs in summary.items():
-        for job, s in jobs.items():
-            if not s["finished"]:
-                print(f"{nodes:14} {job:10}: none of {s['draws']} finished")
-                continue
-            print(f"{nodes:14} {job:10}: {s['median_s']:.1f} s [{s['min_s']:.1f}..{s['max_s']:.1f}]"
-                  f" over {s['draws']} testbeds; {s['slower_than_2x_fastest']} slower than twice "
-                  "the fastest")  # fmt: skip
-    print(json.dumps({"quick": a.quick, "scenario": a.scenario, "nodes": node_sets,
-                      "epochs": a.epochs, "draws_per_set": draws_per_set,
-                      "summary": summary, "wall_s": round(time.time() - t0, 1),
+    flat = figures(summary)
+    for key, value in flat.items():
+        print(f"{key:40}: {value}")
+    print(json.dumps({**flat, "quick": a.quick, "epochs": a.epochs,
+                      "draws_per_set": draws_per_set, "wall_s": round(time.time() - t0, 1),
+                      "nodes": {n: scenarios[n][0] for n in names}, "summary": summary,
                       "detail": draws}))  # fmt: skip
     return 0
 

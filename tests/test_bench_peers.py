@@ -87,10 +87,11 @@ def test_compression_benchmark_prints_steps_bytes_and_accuracy() -> None:
 def test_testbed_draws_benchmark_times_horovod_hethpc_and_ddp_on_a_fresh_testbed() -> None:
     got = _last_json(["benchmarks/bench_testbed_draws.py", "--quick"])
     (draw,) = got["detail"]
-    assert draw["nodes"] == "capped"
+    assert (draw["scenario"], draw["nodes"]) == ("testbed_demo", "capped")
     assert sorted(r["job"] for r in draw["runs"]) == ["ddp", "hethpc_bsp", "horovod"]
     for r in draw["runs"]:
         assert r["train_time_s"] > 0, r
         assert len(r["throttled"]) == 2 and all(0 <= x <= 1 for x in r["throttled"]), r
     for job in ("horovod", "hethpc_bsp", "ddp"):
-        assert got["summary"]["capped"][job]["finished"] == 1
+        assert got["summary"]["testbed_demo"]["capped"][job]["finished"] == 1
+        assert "of 1 slower than twice the fastest" in got[f"testbed_demo.capped.{job}"]
