@@ -3,6 +3,7 @@ launching across nodes and complete removal (also after Ctrl-C, SIGTERM and SIGK
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from hethpc.testbed import NodeSpec, SpecError, Testbed, TestbedError, kernel, l
 from hethpc.testbed.bed import CGROUP_ROOT, PREFIX, STATE_ROOT
 from hethpc.testbed.checks import measure_cpu, measure_link
 from hethpc.testbed.kernel import missing
-from hethpc.testbed.spec import parse_rate
+from hethpc.testbed.spec import format_cores, parse_cores, parse_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = (str(ROOT / "scripts" / "mpirun.sh"),)
@@ -56,6 +57,17 @@ def test_nodes_from_toml_json_and_mappings(tmp_path: Path) -> None:
         == want
     )
     assert load_nodes([{"cpu": "none"}]) == [NodeSpec(None, None, 1)]
+    assert load_nodes([{"cpu": 0.5, "cores": "0"}, {"cores": [0]}, {"cores": "none"}]) == [
+        NodeSpec(0.5, None, 1, (0,)), NodeSpec(None, None, 1, (0,)), NodeSpec(None, None, 1),
+    ]  # fmt: skip
+
+
+def test_cores_lists_and_their_description() -> None:
+    assert parse_cores("0-2 5", where="n", host=8) == (0, 1, 2, 5)
+    assert parse_cores([3, 1], where="n", host=8) == (1, 3)
+    assert format_cores((0, 1, 2, 5)) == "0-2 5"
+    pinned = NodeSpec(1.0, 200_000_000, 1, (0, 1))
+    assert pinned.describe() == "cpu=1 cores=0-1 link=200mbit slots=1"
 
 
 @pytest.mark.parametrize(
@@ -65,10 +77,15 @@ def test_nodes_from_toml_json_and_mappings(tmp_path: Path) -> None:
         ([{"cpu": 0}], "node 0 of nodes: cpu 0 is out of range"),
         ([{"cpu": "half"}], "not a number of cores"),
         ([{}, {"slots": 0}], "node 1 of nodes: slots must be a whole number >= 1"),
+        ([{"cores": "0,1"}], "is not a list of host CPUs"),
+        ([{"cores": str(os.cpu_count())}], "this host has CPUs 0-"),
+        ([{"cores": "0 0"}], "must name each host CPU once"),
+        ([{"cpu": 1.5, "cores": "0"}], r"cpu 1.5 is more than its 1 core\(s\) '0' can give"),
         ([], "non-empty list of nodes"),
         ("/nonexistent/nodes.toml", "does not exist"),
     ],
-    ids=["unknown-key", "zero-cpu", "cpu-word", "zero-slots", "empty", "missing-file"],
+    ids=["unknown-key", "zero-cpu", "cpu-word", "zero-slots", "cores-commas", "cores-beyond",
+         "cores-twice", "cpu-over-cores", "empty", "missing-file"],
 )
 def test_bad_nodes_are_named(nodes: object, match: str) -> None:
     with pytest.raises(SpecError, match=match):
@@ -128,19 +145,26 @@ def test_a_message_crosses_the_shaped_link_at_its_rate() -> None:
 
 @needs_root
 @pytest.mark.timeout(60)
-def test_ranks_land_on_their_nodes_with_their_names_and_caps() -> None:
-    with Testbed([{"cpu": 1.0}, {"cpu": 0.5, "slots": 2}], name="tplace") as bed:
+def test_ranks_land_on_their_nodes_with_their_names_caps_and_cores() -> None:
+    # node1 pinned to the host's last CPU, node0 free to run anywhere
+    last = (os.cpu_count() or 1) - 1
+    nodes = [{"cpu": 1.0}, {"cpu": 0.5, "slots": 2, "cores": str(last)}]
+    cpus = "taskset -pc $$ | sed 's/.*: //'"
+    anywhere = subprocess.run(["sh", "-c", cpus], capture_output=True, text=True).stdout.strip()
+    with Testbed(nodes, name="tplace") as bed:
         cg = "cat /proc/self/cgroup | grep -o 'hethpc-testbed/tplace/node[0-9]' | head -1"
         proc = bed.run(
-            [*MPIRUN, "-np", "3", "sh", "-c", f"echo $(hostname) $({cg})"],
+            [*MPIRUN, "-np", "3", "sh", "-c", f"echo $(hostname) $({cg}) $({cpus})"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert sorted(proc.stdout.split("\n")[:3]) == [
-            "tplace-node0 hethpc-testbed/tplace/node0",
-            "tplace-node1 hethpc-testbed/tplace/node1",
-            "tplace-node1 hethpc-testbed/tplace/node1",
+            f"tplace-node0 hethpc-testbed/tplace/node0 {anywhere}",
+            f"tplace-node1 hethpc-testbed/tplace/node1 {last}",
+            f"tplace-node1 hethpc-testbed/tplace/node1 {last}",
         ]
+        one = bed.popen(1, ["sh", "-c", cpus], stdout=subprocess.PIPE, text=True)
+        assert one.communicate(timeout=30)[0].strip() == str(last)
 
 
 @needs_root

@@ -50,15 +50,16 @@ def _print_status(bed: Testbed) -> None:
         moved = (
             f"  rx {n['rx']:,} B  tx {n['tx']:,} B  processes {n['processes']}" if "rx" in n else ""
         )
-        print(f"  node{n['node']}  {n['address']:<12} {n['spec']:<34}{moved}")
+        print(f"  node{n['node']}  {n['address']:<12} {n['spec']:<40}{moved}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(
         prog=command_name(argv, "hethpc-testbed"), description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Node keys: cpu (cores, e.g. 0.5; 'none'), link (e.g. 200mbit, 1gbit; 'none'), "
-        "slots (ranks mpirun places there, default 1).",
+        epilog="Node keys: cpu (cores, e.g. 0.5; 'none'), cores (the host CPUs it runs on, e.g. "
+        "1 or 0-3; default any), link (e.g. 200mbit, 1gbit; 'none'), slots (ranks mpirun "
+        "places there, default 1).",
     )  # fmt: skip
     p.add_argument("--name", default="tb", help="the testbed's name (default: tb)")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 from hethpc.testbed import kernel
 from hethpc.testbed.errors import TestbedError
-from hethpc.testbed.spec import NAME, NodeSpec, format_rate, load_nodes, parse_rate
+from hethpc.testbed.spec import NAME, NodeSpec, format_cores, format_rate, load_nodes, parse_rate
 
 PREFIX = "hethpc-tb-"
 STATE_ROOT = Path("/run/hethpc-testbed")
@@ -153,6 +153,8 @@ class Testbed:
             TestbedError: the host lacks something (named), or a testbed of this name is up.
         """
         lack = kernel.missing()
+        if any(n.cores is not None for n in self.nodes) and shutil.which("taskset") is None:
+            lack.append("taskset (util-linux), which pins a node with cores to them")
         if lack:
             raise TestbedError("this host cannot run a testbed; it lacks " + "; ".join(lack))
         reap_stale()
@@ -211,6 +213,7 @@ class Testbed:
             "nodes": [
                 {
                     "cpu": n.cpu,
+                    "cores": None if n.cores is None else format_cores(n.cores),
                     "link": None if n.link is None else format_rate(n.link),
                     "slots": n.slots,
                 }  # fmt: skip
@@ -228,21 +231,24 @@ class Testbed:
         )
         cases = "".join(
             f"  {self.address(i)}|{self.hostname(i)}) set -- {shlex.quote(self.namespace(i))} "
-            f'{shlex.quote(str(self.cgroup(i)))} {shlex.quote(self.hostname(i))} "$@";;\n'
+            f"{shlex.quote(str(self.cgroup(i)))} {shlex.quote(self.hostname(i))} "
+            f'{shlex.quote(" ".join(self._pin(i)) or "-")} "$@";;\n'
             for i in range(len(self.nodes))
         )
         self.agent.write_text(
             "#!/bin/sh\n"
             f"# rsh agent of testbed {self.name}: 'agent [options] HOST COMMAND' runs COMMAND on\n"
-            "# HOST's node: in its network namespace, its cgroup and its own hostname.\n"
+            "# HOST's node: in its network namespace, its cgroup, on its cores and with its own\n"
+            "# hostname.\n"
             'while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done\n'
             "host=$1; shift\n"
             'case "$host" in\n'
             f"{cases}"
             f'  *) echo "testbed {self.name}: no node named $host" >&2; exit 255;;\n'
             "esac\n"
-            "ns=$1; cg=$2; hn=$3; shift 3\n"
-            f'exec sh -c {shlex.quote(_JOIN)} sh "$cg" ip netns exec "$ns" unshare --uts '
+            "ns=$1; cg=$2; hn=$3; pin=$4; shift 4\n"
+            '[ "$pin" = - ] && pin=\n'
+            f'exec sh -c {shlex.quote(_JOIN)} sh "$cg" $pin ip netns exec "$ns" unshare --uts '
             f'sh -c {shlex.quote(_NAME)} sh "$hn" sh -c "$*"\n'
         )
         self.agent.chmod(0o755)
@@ -270,10 +276,15 @@ class Testbed:
         agent must see the cgroups, which ``ip netns exec``'s fresh /sys hides)."""
         return ["nsenter", f"--net={kernel.NETNS_DIR / self.switch}", *cmd]
 
+    def _pin(self, node: int) -> list[str]:
+        """``taskset -c LIST`` for a node with ``cores`` (its processes run on them), else []."""
+        cores = self.nodes[node].cores
+        return [] if cores is None else ["taskset", "-c", ",".join(map(str, cores))]
+
     def node_argv(self, node: int, cmd: Sequence[str]) -> list[str]:
-        """``cmd`` run on node ``node``: its namespace, cgroup and hostname."""
+        """``cmd`` run on node ``node``: its namespace, cgroup, cores and hostname."""
         return [
-            "sh", "-c", _JOIN, "sh", str(self.cgroup(node)),
+            "sh", "-c", _JOIN, "sh", str(self.cgroup(node)), *self._pin(node),
             "ip", "netns", "exec", self.namespace(node), "unshare", "--uts",
             "sh", "-c", _NAME, "sh", self.hostname(node), *cmd,
         ]  # fmt: skip

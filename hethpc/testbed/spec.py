@@ -1,4 +1,5 @@
-"""Node descriptions of a testbed: CPU share, link rate and slots, parsed from TOML or flags."""
+"""Node descriptions of a testbed: CPU share, host cores, link rate and slots, parsed from TOML or
+flags."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from hethpc.testbed.errors import SpecError
 # tc's bit-rate units; "bps" means bytes per second to tc, bits to most people: refused.
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]+)(?:/s)?\s*$", re.IGNORECASE)
-_KEYS = ("cpu", "link", "slots")
+_KEYS = ("cpu", "cores", "link", "slots")
+_CORES = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 
 
@@ -59,6 +61,8 @@ class NodeSpec:
     Attributes:
         cpu: the node's CPU time in cores (0.5: half of one core, enforced by a CFS quota on
             all its processes together); None: no cap.
+        cores: the host CPUs its processes may run on (their affinity, as a real node's own
+            cores); None: any. ``cpu`` is then a share of these.
         link: the rate of the node's link to the switch in bits per second, shaped in both
             directions; None: unshaped (as fast as the host moves bytes).
         slots: the ranks ``mpirun`` places on the node (its hostfile slots).
@@ -67,19 +71,59 @@ class NodeSpec:
     cpu: float | None = None
     link: int | None = None
     slots: int = 1
+    cores: tuple[int, ...] | None = None
 
     def describe(self) -> str:
-        """``cpu=0.5 link=200mbit slots=1``."""
+        """``cpu=0.5 link=200mbit slots=1`` (and ``cores=1`` when pinned)."""
         cpu = "none" if self.cpu is None else f"{self.cpu:g}"
         link = "none" if self.link is None else format_rate(self.link)
-        return f"cpu={cpu} link={link} slots={self.slots}"
+        pinned = "" if self.cores is None else f" cores={format_cores(self.cores)}"
+        return f"cpu={cpu}{pinned} link={link} slots={self.slots}"
+
+
+def format_cores(cores: Sequence[int]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2 5"`` as a node is written, ``taskset``'s list with commas."""
+    runs: list[list[int]] = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return " ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def parse_cores(raw: Any, *, where: str, host: int) -> tuple[int, ...]:
+    """A node's host CPUs from ``"1"``, ``"0-3"``, ``"0-1 4"`` (flags: no commas) or a list of
+    numbers (TOML, JSON), each below the host's CPU count.
+
+    Raises:
+        SpecError: not such a list, a CPU the host lacks, or one given twice.
+    """
+    parts = raw if isinstance(raw, list) else str(raw).split()
+    cores: list[int] = []
+    for part in parts:
+        if isinstance(part, bool):
+            part = "?"
+        m = _CORES.match(str(part))
+        if not m:
+            raise SpecError(f"{where}: cores {raw!r} is not a list of host CPUs: write e.g. "
+                            "'1', '0-3' or '0-1 4' (a list [0, 1, 4] in TOML)")  # fmt: skip
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        cores += range(lo, hi + 1)
+    if not cores or len(set(cores)) != len(cores):
+        raise SpecError(f"{where}: cores {raw!r} must name each host CPU once, at least one")
+    beyond = [c for c in cores if c >= host]
+    if beyond:
+        raise SpecError(f"{where}: cores {raw!r}: this host has CPUs 0-{host - 1}, not {beyond}")
+    return tuple(sorted(cores))
 
 
 def node_spec(raw: Mapping[str, Any], *, where: str, cores: int | None = None) -> NodeSpec:
     """One node from a mapping such as ``{"cpu": 0.5, "link": "200mbit"}``.
 
     Args:
-        raw: keys ``cpu`` (cores, or "none"), ``link`` (a rate, or "none"), ``slots``.
+        raw: keys ``cpu`` (cores, or "none"), ``cores`` (host CPUs), ``link`` (a rate, or
+            "none"), ``slots``.
         where: names the node in errors (``node 1 of nodes.toml``).
         cores: the host's CPU count, the largest ``cpu`` (default: ``os.cpu_count()``).
 
@@ -103,12 +147,21 @@ def node_spec(raw: Mapping[str, Any], *, where: str, cores: int | None = None) -
             )
     else:
         cpu = None
+    pinned = raw.get("cores")
+    if pinned is not None and str(pinned).lower() != "none":
+        pinned = parse_cores(pinned, where=where, host=cores)
+        if cpu is not None and cpu > len(pinned):
+            raise SpecError(f"{where}: cpu {cpu:g} is more than its {len(pinned)} core(s) "
+                            f"{format_cores(pinned)!r} can give; give cpu <= {len(pinned)} or "
+                            "more cores")  # fmt: skip
+    else:
+        pinned = None
     link = raw.get("link")
     link = None if link is None or str(link).lower() == "none" else parse_rate(link)
     slots = raw.get("slots", 1)
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise SpecError(f"{where}: slots must be a whole number >= 1, got {slots!r}")
-    return NodeSpec(cpu=cpu, link=link, slots=slots)
+    return NodeSpec(cpu=cpu, link=link, slots=slots, cores=pinned)
 
 
 def parse_flag(text: str, *, where: str) -> dict[str, str]:
