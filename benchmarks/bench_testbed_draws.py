@@ -11,9 +11,10 @@ epoch of each job on it in a random order (seeded per draw), and takes it down. 
 that scenario's first tuning run in the evidence protocol (MNIST-1D, ``cnn1d_wide``, lr 0.1,
 global batch 128, seed 100, the scenario's partition, 10 % held out and scored every 25 steps,
 ``wsd``): ``benchmarks/peer_horovod.py``, ``jobs/train.py --sync bsp`` and
-``benchmarks/peer_ddp.py``. Draws alternate between the scenario's nodes (``capped``) and the
-same nodes with node0 uncapped (``node0_uncapped``: it may use both of the host's cores), to
-tell whether node0's quota is what the draw decides.
+``benchmarks/peer_ddp.py``. Draws alternate between the scenario's nodes (``capped``), the
+same nodes with node0 uncapped (``node0_uncapped``: it may use both of the host's cores), and
+the scenario's nodes each on a core of its own (``pinned``: node i on host CPU i, its quota
+within it), to tell what the draw depends on. Needs a host CPU per node.
 
 Printed per draw: each job's training time (evaluations excluded) and the share of each node's
 100 ms periods in which its quota stopped it. Then per scenario, node set and job: the median
@@ -45,7 +46,7 @@ from hethpc.testbed.spec import parse_flag  # noqa: E402
 PY = str(ROOT / ".venv" / "bin" / "python")
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "mnist1d.toml"
-NODE_SETS = ("capped", "node0_uncapped")
+NODE_SETS = ("capped", "node0_uncapped", "pinned")
 JOBS = ("horovod", "hethpc_bsp", "ddp")
 RUN_TIMEOUT_S = 300  # a job slower than this is recorded as such and the draw goes on
 
@@ -65,10 +66,11 @@ def scenario(name: str) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
     s = scenarios[name]
     capped = [parse_flag(n, where=f"{WORKLOAD} [scenarios.{name}]") for n in s["testbed"]]
     uncapped = [{**capped[0], "cpu": "none"}, *capped[1:]]
+    pinned = [{**n, "cores": str(i)} for i, n in enumerate(capped)]
     partition = ["--partition", s["partition"]]
     if s["partition"] == "labels":
         partition += ["--labels-per-rank", str(s["labels_per_rank"])]
-    return {"capped": capped, "node0_uncapped": uncapped}, partition
+    return {"capped": capped, "node0_uncapped": uncapped, "pinned": pinned}, partition
 
 
 def settings(epochs: int, samples: int, partition: list[str]) -> list[str]:
@@ -130,7 +132,8 @@ def summarize(draws: list[dict[str, Any]]) -> dict[str, Any]:
             cell = out.setdefault(d["scenario"], {}).setdefault(d["nodes"], {})
             cell.setdefault(r["job"], []).append(r["train_time_s"])
     for nodes_sets in out.values():
-        for jobs in nodes_sets.values():
+        for nodes, jobs in nodes_sets.items():
+            nodes_sets[nodes] = jobs = {j: jobs[j] for j in JOBS if j in jobs}
             for job, times in jobs.items():
                 done = [t for t in times if t is not None]
                 jobs[job] = {"draws": len(times), "finished": len(done)}
@@ -169,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="testbed_demo,testbed_iid_3x",
                    help="2-rank testbed scenarios of the MNIST-1D workload, comma-separated "
                    "(default testbed_demo,testbed_iid_3x)")  # fmt: skip
-    p.add_argument("--draws", type=int, default=8,
-                   help="fresh testbeds per scenario and node set (default 8)")  # fmt: skip
+    p.add_argument("--draws", type=int, default=6,
+                   help="fresh testbeds per scenario and node set (default 6)")  # fmt: skip
     p.add_argument("--epochs", type=int, default=1, help="epochs of each job (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jobs' order in each draw")
     a = p.parse_args(argv)
@@ -181,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--scenarios needs at least one scenario, e.g. testbed_demo")
     scenarios = {n: scenario(n) for n in names}
     lack = missing()
+    if (os.cpu_count() or 1) < 2:
+        lack.append("a host CPU per node (2) for the pinned node set")
     if lack:
         raise SystemExit("bench_testbed_draws needs a testbed; this host lacks " + "; ".join(lack))
     draws_per_set = 1 if a.quick else a.draws
