@@ -17,7 +17,7 @@ from hethpc.testbed import NodeSpec, SpecError, Testbed, TestbedError, kernel, l
 from hethpc.testbed.bed import CGROUP_ROOT, PREFIX, STATE_ROOT
 from hethpc.testbed.checks import measure_cpu, measure_link
 from hethpc.testbed.kernel import missing
-from hethpc.testbed.spec import format_cores, parse_cores, parse_rate
+from hethpc.testbed.spec import format_cores, parse_cores, parse_flag, parse_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = (str(ROOT / "scripts" / "mpirun.sh"),)
@@ -63,6 +63,8 @@ def test_nodes_from_toml_json_and_mappings(tmp_path: Path) -> None:
 
 
 def test_cores_lists_and_their_description() -> None:
+    with pytest.raises(SpecError, match="cores takes a range or a list with spaces in a flag"):
+        parse_flag("cpu=1,cores=0,1,link=200mbit", where="--node")
     assert parse_cores("0-2 5", where="n", host=8) == (0, 1, 2, 5)
     assert parse_cores([3, 1], where="n", host=8) == (1, 3)
     assert format_cores((0, 1, 2, 5)) == "0-2 5"

@@ -167,7 +167,11 @@ def node_spec(raw: Mapping[str, Any], *, where: str, cores: int | None = None) -
 def parse_flag(text: str, *, where: str) -> dict[str, str]:
     """``"cpu=0.5,link=200mbit"`` -> ``{"cpu": "0.5", "link": "200mbit"}``."""
     out: dict[str, str] = {}
+    key = ""
     for part in filter(None, (p.strip() for p in text.split(","))):
+        if key == "cores" and "=" not in part:
+            raise SpecError(f"{where}: cores takes a range or a list with spaces in a flag "
+                            "('cores=0-1', 'cores=0 2'), not commas")  # fmt: skip
         key, eq, value = part.partition("=")
         if not eq or not value:
             raise SpecError(
