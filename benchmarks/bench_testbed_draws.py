@@ -32,12 +32,13 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _protocol import eval_every_steps, load_workload  # noqa: E402
 
 from hethpc.testbed import Testbed  # noqa: E402
 from hethpc.testbed.kernel import missing  # noqa: E402
@@ -51,14 +52,16 @@ JOBS = ("horovod", "hethpc_bsp", "ddp")
 RUN_TIMEOUT_S = 300  # a job slower than this is recorded as such and the draw goes on
 
 
-def scenario(name: str) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
-    """A testbed scenario of the workload: its node sets (as given, and with node0 uncapped)
-    and its partition's flags.
+def scenario(
+    work: dict[str, Any], name: str
+) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
+    """A testbed scenario of the workload: its node sets (as given, node0 uncapped, each node
+    pinned) and its partition's flags.
 
     Raises:
         SystemExit: no such scenario, or one without a testbed (naming the ones there are).
     """
-    scenarios = tomllib.loads(WORKLOAD.read_text())["scenarios"]
+    scenarios = work["scenarios"]
     beds = sorted(n for n, s in scenarios.items() if "testbed" in s and s["ranks"] == 2)
     if name not in beds:
         raise SystemExit(f"bench_testbed_draws: --scenarios: {name!r} is not a 2-rank testbed "
@@ -73,12 +76,20 @@ def scenario(name: str) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
     return {"capped": capped, "node0_uncapped": uncapped, "pinned": pinned}, partition
 
 
-def settings(epochs: int, samples: int, partition: list[str]) -> list[str]:
-    """The flags every job takes alike (the scenario's first tuning run)."""
+def settings(work: dict[str, Any], epochs: int, samples: int | None,
+             partition: list[str]) -> list[str]:  # fmt: skip
+    """The flags every job takes alike: the workload's first tuning run (the grid's first
+    learning rate and batch, the tuning seed), ``epochs`` long; ``samples`` None: the
+    workload's."""
+    base, proto = work["base"], work["protocol"]
+    lr, batch = proto["lr"][0], proto["batch"][0]
     return [
-        "--epochs", str(epochs), "--batch-size", "128", "--lr", "0.1", "--seed", "100",
-        *partition, "--samples", str(samples), "--val-fraction", "0.1",
-        "--eval-every-steps", "25", "--lr-schedule", "wsd",
+        "--epochs", str(epochs), "--batch-size", str(batch), "--lr", str(lr),
+        "--seed", str(proto["tune_seed"]), *partition,
+        "--samples", str(base["samples"] if samples is None else samples),
+        "--val-fraction", str(base["val_fraction"]),
+        "--eval-every-steps", str(eval_every_steps(proto["eval_every_samples"], batch)),
+        "--lr-schedule", base["lr_schedule"],
     ]  # fmt: skip
 
 
@@ -104,13 +115,13 @@ def throttled_share(before: dict[str, int], after: dict[str, int]) -> float | No
 def run_job(bed: Testbed, job: str, common: list[str], tmp: Path) -> dict[str, Any]:
     """One job on ``bed``: its training time and each node's throttled share."""
     out = tmp / f"{job}.json"
-    out.unlink(missing_ok=True)
+    summary = tmp / "run" / "summary.json" if job == "hethpc_bsp" else out
+    summary.unlink(missing_ok=True)  # never an earlier draw's
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETHPC_MPIRUN_TIMEOUT": str(RUN_TIMEOUT_S)}
     before = [bed.cpu_stat(i) for i in range(len(bed.nodes))]
     proc = bed.run(job_argv(job, common, out), capture_output=True, text=True, env=env, cwd=ROOT)
     after = [bed.cpu_stat(i) for i in range(len(bed.nodes))]
     shares = [throttled_share(b, a) for b, a in zip(before, after, strict=True)]
-    summary = tmp / "run" / "summary.json" if job == "hethpc_bsp" else out
     if proc.returncode != 0 or not summary.is_file():
         tail = (proc.stdout + proc.stderr)[-300:].replace("\n", " | ")
         return {"job": job, "train_time_s": None, "throttled": shares,
@@ -182,14 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in a.scenarios.split(",") if n]
     if not names:
         p.error("--scenarios needs at least one scenario, e.g. testbed_demo")
-    scenarios = {n: scenario(n) for n in names}
+    work = load_workload(WORKLOAD)
+    scenarios = {n: scenario(work, n) for n in names}
     lack = missing()
     if (os.cpu_count() or 1) < 2:
         lack.append("a host CPU per node (2) for the pinned node set")
     if lack:
         raise SystemExit("bench_testbed_draws needs a testbed; this host lacks " + "; ".join(lack))
     draws_per_set = 1 if a.quick else a.draws
-    samples = 2000 if a.quick else 20000
+    samples = 2000 if a.quick else None
     if a.quick:
         order = [(names[0], "capped")]
     else:  # scenario by scenario; within one, the node sets alternate
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         for i, (name, nodes) in enumerate(order):
             node_sets, partition = scenarios[name]
-            common = settings(a.epochs, samples, partition)
+            common = settings(work, a.epochs, samples, partition)
             jobs = list(JOBS)
             rng.shuffle(jobs)
             with Testbed(node_sets[nodes], name="bdraws") as bed:

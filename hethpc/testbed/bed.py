@@ -232,7 +232,7 @@ class Testbed:
         cases = "".join(
             f"  {self.address(i)}|{self.hostname(i)}) set -- {shlex.quote(self.namespace(i))} "
             f"{shlex.quote(str(self.cgroup(i)))} {shlex.quote(self.hostname(i))} "
-            f'{shlex.quote(" ".join(self._pin(i)) or "-")} "$@";;\n'
+            f'{shlex.quote(" ".join(self._pin(i)))} "$@";;\n'
             for i in range(len(self.nodes))
         )
         self.agent.write_text(
@@ -246,8 +246,7 @@ class Testbed:
             f"{cases}"
             f'  *) echo "testbed {self.name}: no node named $host" >&2; exit 255;;\n'
             "esac\n"
-            "ns=$1; cg=$2; hn=$3; pin=$4; shift 4\n"
-            '[ "$pin" = - ] && pin=\n'
+            "ns=$1; cg=$2; hn=$3; pin=$4; shift 4  # pin: 'taskset -c LIST', or empty\n"
             f'exec sh -c {shlex.quote(_JOIN)} sh "$cg" $pin ip netns exec "$ns" unshare --uts '
             f'sh -c {shlex.quote(_NAME)} sh "$hn" sh -c "$*"\n'
         )

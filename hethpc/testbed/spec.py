@@ -102,9 +102,7 @@ def parse_cores(raw: Any, *, where: str, host: int) -> tuple[int, ...]:
     parts = raw if isinstance(raw, list) else str(raw).split()
     cores: list[int] = []
     for part in parts:
-        if isinstance(part, bool):
-            part = "?"
-        m = _CORES.match(str(part))
+        m = _CORES.match(str(part))  # True, 1.5 and "a" alike fail it
         if not m:
             raise SpecError(f"{where}: cores {raw!r} is not a list of host CPUs: write e.g. "
                             "'1', '0-3' or '0-1 4' (a list [0, 1, 4] in TOML)")  # fmt: skip
