@@ -90,11 +90,18 @@ if ((plan_gpu)); then
   fi
   if [[ -n "$plan_pip_packages" ]]; then
     say "installing the CUDA build tools from PyPI: $plan_pip_packages"
+    set -f  # the pins hold '*' (13.0.*)
     # shellcheck disable=SC2086
     "$py" -m pip install -q $plan_pip_packages
+    set +f
   fi
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   gpu_env=${plan_horovod_env//\{site\}/$site}
+  # The names CMake looks for beside the wheels' own (lib64, libcudart.so, libnccl.so).
+  for pair in ${plan_links//\{site\}/$site}; do
+    link=${pair%%=*} to=${pair#*=}
+    if [[ ! -e $link && -e $(dirname "$link")/$to ]]; then ln -s "$to" "$link"; fi
+  done
 else
   say "CPU build: $plan_reason"
 fi
@@ -119,6 +126,9 @@ if ! have_horovod; then
     src="$build/horovod-$horovod_version"
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
       "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    # CUDA 13's headers refuse the C++11 the release asks for its kernels (GPU builds only).
+    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' \
+      "$src/horovod/common/ops/cuda/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
       || die "could not patch Horovod's C++ standard in $src/horovod/torch/CMakeLists.txt"
     # shellcheck disable=SC2086

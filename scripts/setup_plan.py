@@ -14,9 +14,14 @@ CPU machine without building anything:
   PyPI's CUDA build of the same version. Horovod is built with
   ``HOROVOD_GPU_OPERATIONS=NCCL`` against the site's CUDA and NCCL when their modules are
   loaded (``CUDA_HOME``/``CUDA_PATH`` with ``bin/nvcc``; ``NCCL_HOME``/``NCCL_ROOT``), otherwise
-  against PyPI's: the ``nvidia-nccl-cu<major>`` wheel torch already depends on, and
-  ``nvidia-cuda-nvcc-cu<major>`` for the compiler. The cache key adds the CUDA and NCCL
-  versions, so a wheel never meets another CUDA.
+  against PyPI's: the ``nvidia-nccl-cu<major>`` wheel torch already depends on, and the
+  compiler of torch's CUDA release: ``nvidia-cuda-nvcc-cu12`` for CUDA 12; for CUDA 13 (whose
+  packages dropped the suffix: ``nvidia-cuda-nvcc-cu13`` is an empty placeholder)
+  ``nvidia-cuda-nvcc``, ``nvidia-nvvm``, ``nvidia-cuda-crt`` and ``nvidia-cuda-cccl`` pinned to
+  torch's ``13.x``, all in ``nvidia/cu13``. CMake looks for ``libcudart.so``, ``lib64`` and
+  ``libnccl.so``, which the wheels ship only as ``libcudart.so.13``, ``lib`` and
+  ``libnccl.so.2``: the plan lists the links setup.sh makes (``links``). The cache key adds the
+  CUDA and NCCL versions, so a wheel never meets another CUDA.
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ class Plan:
     reinstall_torch: bool = False
     pip_packages: list[str] = field(default_factory=list)
     horovod_env: dict[str, str] = field(default_factory=dict)
+    links: list[tuple[str, str]] = field(default_factory=list)  # (link, what it points to)
+
+
+# PyPI's CUDA 13 compiler: nvcc, its NVVM (cicc) and C runtime headers, and CCCL's headers
+# (nv/target, which cuda_fp16.h includes), each pinned to torch's CUDA release.
+CUDA13_COMPILER = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl")
 
 
 def wants_gpu(p: Probe) -> tuple[bool, str]:
@@ -75,18 +86,26 @@ def plan(p: Probe, *, horovod: str, torch: str, pytag: str, mpitag: str) -> Plan
     cuda = p.torch_cuda or "12"
     major = cuda.split(".")[0]
     packages: list[str] = []
+    links: list[tuple[str, str]] = []
     env = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_NCCL_LINK": "SHARED"}
     if p.cuda_home:
         env["HOROVOD_CUDA_HOME"] = p.cuda_home
+    elif int(major) >= 13:
+        release = ".".join(cuda.split(".")[:2])  # "13.0": the compiler of torch's own CUDA
+        packages += [f"{name}=={release}.*" for name in CUDA13_COMPILER]
+        home = f"{{site}}/nvidia/cu{major}"  # {site}: filled in by setup.sh once installed
+        env["HOROVOD_CUDA_HOME"] = home
+        links += [(f"{home}/lib64", "lib"), (f"{home}/lib/libcudart.so", f"libcudart.so.{major}")]
     else:
         packages.append(f"nvidia-cuda-nvcc-cu{major}")
-        env["HOROVOD_CUDA_HOME"] = "{site}/nvidia/cuda_nvcc"  # filled in once installed
+        env["HOROVOD_CUDA_HOME"] = "{site}/nvidia/cuda_nvcc"
     if p.nccl_home:
         env["HOROVOD_NCCL_HOME"] = p.nccl_home
     else:
         if not p.pip_nccl:
             packages.append(f"nvidia-nccl-cu{major}")
         env["HOROVOD_NCCL_HOME"] = p.pip_nccl or "{site}/nvidia/nccl"
+        links.append((env["HOROVOD_NCCL_HOME"] + "/lib/libnccl.so", "libnccl.so.2"))
     nccl = p.nccl_version or "unknown"
     return Plan(
         gpu=True,
@@ -95,6 +114,7 @@ def plan(p: Probe, *, horovod: str, torch: str, pytag: str, mpitag: str) -> Plan
         reinstall_torch=p.torch_cuda is None,
         pip_packages=packages,
         horovod_env=env,
+        links=links,
     )
 
 
@@ -167,6 +187,7 @@ def shell(pl: Plan) -> str:
         f"plan_reinstall_torch={int(pl.reinstall_torch)}",
         f"plan_pip_packages={q(' '.join(pl.pip_packages))}",
         f"plan_horovod_env={q(' '.join(f'{k}={v}' for k, v in pl.horovod_env.items()))}",
+        f"plan_links={q(' '.join(f'{link}={to}' for link, to in pl.links))}",
     ]
     return "\n".join(lines)
 

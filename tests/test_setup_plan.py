@@ -39,6 +39,23 @@ def test_a_gpu_node_with_pypi_packages() -> None:
     assert pl.wheel_key == "horovod-0.28.1-torch2.13.0-cp311-4.1.4-cuda12.8-nccl2.27.3"
 
 
+def test_a_cuda13_node_gets_the_suffixless_compiler_packages_and_links() -> None:
+    """CUDA 13's wheels dropped the -cu13 suffix (nvidia-cuda-nvcc-cu13 is an empty
+    placeholder) and live in nvidia/cu13; CMake needs lib64, libcudart.so and libnccl.so."""
+    node = Probe(gpu_env=None, gpus=1, torch_cuda="13.0", cuda_home=None, nccl_home=None,
+                 nccl_version="2.29.7", pip_nccl="/v/site/nvidia/nccl")  # fmt: skip
+    pl = plan(node, **KW)
+    assert pl.pip_packages == ["nvidia-cuda-nvcc==13.0.*", "nvidia-nvvm==13.0.*",
+                               "nvidia-cuda-crt==13.0.*", "nvidia-cuda-cccl==13.0.*"]  # fmt: skip
+    assert pl.horovod_env["HOROVOD_CUDA_HOME"] == "{site}/nvidia/cu13"
+    assert pl.links == [("{site}/nvidia/cu13/lib64", "lib"),
+                        ("{site}/nvidia/cu13/lib/libcudart.so", "libcudart.so.13"),
+                        ("/v/site/nvidia/nccl/lib/libnccl.so", "libnccl.so.2")]  # fmt: skip
+    assert pl.wheel_key.endswith("-cuda13.0-nccl2.29.7")
+    lines = setup_plan.shell(pl)
+    assert "plan_links='{site}/nvidia/cu13/lib64=lib " in lines
+
+
 def test_site_modules_win_and_a_cpu_torch_is_replaced() -> None:
     node = Probe(gpu_env="1", gpus=0, torch_cuda=None, cuda_home="/opt/cuda-12.4",
                  nccl_home="/opt/nccl", nccl_version=None, pip_nccl=None)  # fmt: skip
@@ -47,6 +64,7 @@ def test_site_modules_win_and_a_cpu_torch_is_replaced() -> None:
     assert pl.pip_packages == []
     assert pl.horovod_env["HOROVOD_CUDA_HOME"] == "/opt/cuda-12.4"
     assert pl.horovod_env["HOROVOD_NCCL_HOME"] == "/opt/nccl"
+    assert pl.links == []  # a site's CUDA and NCCL are used as they are
 
 
 @pytest.mark.parametrize(("value", "gpu"), [("0", False), ("off", False), ("1", True),
