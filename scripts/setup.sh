@@ -87,6 +87,12 @@ if ((plan_gpu)); then
     "$py" -m pip install -q --force-reinstall --index-url https://pypi.org/simple \
       "torch==$torch_version"
     plan
+    if ((plan_reinstall_torch)); then
+      die "pip installed a CPU build of torch again ($("$py" -c 'import torch; print(torch.__version__)')):" \
+        "a find-links or extra index in your pip configuration ('pip config list') offers a" \
+        "'+cpu' build, which pip prefers; remove it for this setup, or install PyPI's CUDA build" \
+        "of torch==$torch_version into .venv yourself and run make setup again"
+    fi
   fi
   if [[ -n "$plan_pip_packages" ]]; then
     say "installing the CUDA build tools from PyPI: $plan_pip_packages"
