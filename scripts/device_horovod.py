@@ -85,8 +85,9 @@ def build_env(
            "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITHOUT_GLOO": "1",
            "MPI_CXX_COMPILER": mpicxx, "MAKEFLAGS": f"-j{jobs}"}  # fmt: skip
     if cuda_home:
+        # CUDA_HOME: where torch's extension helpers look for cudart (Horovod's CMake asks them)
         env |= {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": cuda_home,
-                "HOROVOD_NCCL_LINK": "SHARED"}  # fmt: skip
+                "CUDA_HOME": cuda_home, "HOROVOD_NCCL_LINK": "SHARED"}  # fmt: skip
         if nccl_include and nccl_lib:
             env |= {"HOROVOD_NCCL_INCLUDE": nccl_include, "HOROVOD_NCCL_LIB": nccl_lib}
         if capability:

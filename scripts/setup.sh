@@ -19,6 +19,14 @@ stamp="$venv/.hethpc-setup-ok"
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+# A failed Horovod build: the first errors (CMake's or the compiler's, far above pip's traceback)
+# and the end of the log, which is kept.
+build_failed() {
+  local kept=$cache/horovod-build.log
+  mkdir -p "$cache" && cp "$1" "$kept"
+  grep -n -m 3 -A 12 -E 'CMake Error|: error:|fatal error' "$1" >&2 || tail -n 40 "$1" >&2
+  die "Horovod build failed (its first errors above; the whole log: $kept)"
+}
 
 # Whether .venv imports this tree's hethpc (-I: not from the current directory, which would
 # hide an uninstalled package).
@@ -141,7 +149,7 @@ if ! have_horovod; then
     env $gpu_env PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" HOROVOD_WITH_PYTORCH=1 \
       HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
       HOROVOD_WITHOUT_GLOO=1 "$py" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$build/out" \
-      > "$build/build.log" 2>&1 || { tail -n 40 "$build/build.log" >&2; die "Horovod build failed (log above)"; }
+      > "$build/build.log" 2>&1 || build_failed "$build/build.log"
     mkdir -p "$wheeldir"
     mv "$build"/out/horovod-*.whl "$wheeldir/"
   fi

@@ -99,6 +99,9 @@ def plan(p: Probe, *, horovod: str, torch: str, pytag: str, mpitag: str) -> Plan
     else:
         packages.append(f"nvidia-cuda-nvcc-cu{major}")
         env["HOROVOD_CUDA_HOME"] = "{site}/nvidia/cuda_nvcc"
+    # torch's extension helpers (which Horovod's CMake asks for torch's library folders) find
+    # cudart under CUDA_HOME, else under the nvcc on PATH, else /usr/local/cuda.
+    env["CUDA_HOME"] = env["HOROVOD_CUDA_HOME"]
     if p.nccl_home:
         env["HOROVOD_NCCL_HOME"] = p.nccl_home
     else:
