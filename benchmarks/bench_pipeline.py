@@ -74,6 +74,7 @@ from _training import timed_steps
 from torch import nn
 
 from hethpc import comm
+from hethpc.comm.runtime import TRANSPORTS
 from hethpc.pipeline import Pipeline
 from hethpc.pipeline.balance import partition_by_params
 from hethpc.pipeline.memory import ActivationMeter
@@ -117,6 +118,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where both ranks compute (auto: GPU <local rank mod GPUs> when there is one, else "
         "the CPU; two ranks may share one GPU); the torch peer rows (gloo) run on CPU only and "
         "are skipped on a GPU",
+    )
+    p.add_argument(
+        "--transport", choices=TRANSPORTS, default="auto",
+        help="what carries the collectives (the pipeline's transfers go through mpi4py either "
+        "way): auto (Horovod where a GPU is seen and Horovod is installed, else mpi4py), "
+        "horovod or mpi",
     )
     p.add_argument(
         "--progress-interval", default="auto",
@@ -192,7 +199,7 @@ def breakdown(stats: list[StepStats], m: int) -> dict[str, float]:
 
 
 def worker(args: argparse.Namespace) -> dict[str, object]:
-    comm.init()
+    comm.init(transport=args.transport)
     torch.set_num_threads(1)
     if comm.size() != 2:
         raise SystemExit(f"bench_pipeline needs 2 ranks, got {comm.size()}")
@@ -303,6 +310,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
         "progress_interval_used_s": pipes["1f1b"].current_progress_interval,
         "mpi_single_copy": os.environ.get("OMPI_MCA_btl_vader_single_copy_mechanism"),
         "device": str(dev),
+        "transport": comm.transport(),
         "transfers": comm.transfers().as_dict(),
     }
     return result(fig, batch=B, m=m, balance_by=args.balance, balance=list(balance),
@@ -316,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.rounds, args.memory_ms = 1, 3, "2,4,8"
     if not under_mpi():
         return relaunch(__file__, 2, argv)
-    comm.init()
+    comm.init(transport=args.transport)
     comm.abort_on_exception()
     result = worker(args)
     if comm.rank() == 0:

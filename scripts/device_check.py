@@ -309,7 +309,7 @@ def check_bench(c: Check, device: str, small: bool) -> dict[str, Any]:
     size = ["--width", "128", "--layers", "1", "--batch", "256", "--rounds", "2",
             "--memory-ms", "2"] if small else []  # fmt: skip
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_pipeline.py"), "--quick",
-           "--device", device, "--peers", "none", *size]  # fmt: skip
+           "--device", device, "--peers", "none", "--transport", "mpi", *size]  # fmt: skip
     rc, out = c.run(cmd, 150, "bench_pipeline")
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if rc != 0 or not lines:
@@ -317,6 +317,7 @@ def check_bench(c: Check, device: str, small: bool) -> dict[str, Any]:
     r = json.loads(lines[-1])
     keep = (
         "device",
+        "transport",
         "transfers",
         "single_rank_samples_per_s",
         "pipeline_samples_per_s",

@@ -182,6 +182,9 @@ def test_host_copy_and_copy_back() -> None:
     host.mul_(2)
     staging.copy_back(t, host)
     torch.testing.assert_close(t, torch.arange(10.0) * 2)
+    weight = torch.nn.Parameter(torch.ones(3))  # a leaf that requires grad, as reduced in place
+    staging.copy_back(weight, staging.host_copy(weight.detach() * 3))
+    torch.testing.assert_close(weight.detach(), torch.full((3,), 3.0))
 
 
 def test_say_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -69,3 +69,13 @@ def test_ranks_asking_for_different_transports_are_named() -> None:
 def test_an_unknown_transport_names_the_setting() -> None:
     with pytest.raises(comm.CommError, match=r"'nccl' is not one of .*--transport"):
         comm.init(transport="nccl")
+
+
+def test_on_host_detaches_every_tensor_and_keeps_the_structure() -> None:
+    w = torch.ones(2, requires_grad=True)
+    state = {"step": 3, "ref": [w * 2, (w, "tag")], "none": None}
+    out = comm.on_host(state)
+    assert out["step"] == 3 and out["none"] is None and isinstance(out["ref"][1], tuple)
+    assert out["ref"][1][1] == "tag" and torch.equal(out["ref"][0], torch.full((2,), 2.0))
+    assert not any(t.requires_grad for t in (out["ref"][0], out["ref"][1][0]))
+    assert all(t.device.type == "cpu" for t in (out["ref"][0], out["ref"][1][0]))

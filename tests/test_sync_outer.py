@@ -140,6 +140,19 @@ def test_outer_state_resumes_identically() -> None:
         assert torch.equal(a, b)
 
 
+def test_restored_state_moves_to_the_models_device() -> None:
+    """A checkpoint loads on the CPU; a GPU run's outer step must not mix devices. The meta
+    device stands in for the GPU here (a tensor moves onto it, and mixing raises the same)."""
+    cpu = OuterOptimizer("nesterov", momentum=0.5)
+    cpu.start(nn.Linear(3, 2))
+    moved = OuterOptimizer("nesterov", momentum=0.5)
+    moved.load_state_dict(cpu.state_dict())
+    model = nn.Linear(3, 2, device="meta")
+    moved.apply(model)  # a CPU start point against meta parameters would raise here
+    assert moved.start_point is not None and moved.state_dict()["buf"] is not None
+    assert {t.device.type for t in [*moved.start_point, *moved.state_dict()["buf"]]} == {"meta"}
+
+
 def test_state_saved_without_an_outer_optimizer_is_refused() -> None:
     plain = FedAvg(period=2)
     _train(plain, 2)

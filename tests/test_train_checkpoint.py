@@ -156,3 +156,17 @@ def test_object_arrays_are_refused() -> None:
 def test_keep_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep"):
         CheckpointManager(tmp_path, keep=0)
+
+
+def test_rng_state_round_trips_through_a_checkpoint_with_or_without_cuda() -> None:
+    from hethpc.train.keep.rng import get_rng_state, set_rng_state
+
+    state = get_rng_state()
+    assert "cuda" in state  # None here: this process never used CUDA
+    again = decode(encode(state))
+    before = torch.rand(3)
+    set_rng_state(again)
+    assert torch.equal(torch.rand(3), before)
+    older = {k: v for k, v in again.items() if k != "cuda"}  # checkpoints before the key
+    set_rng_state(older)
+    assert torch.equal(torch.rand(3), before)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hethpc.train import ConfigError
-from hethpc.train.parts.device import pick_device
+from hethpc.train.parts.device import pick_device, ranks_sharing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_pick_device(setting: str, local_rank: int, gpus: int, expected: str) -> None:
     assert pick_device(setting, local_rank=local_rank, gpus=gpus) == torch.device(expected)
+
+
+@pytest.mark.parametrize(
+    "local_rank, local_size, gpus, expected",
+    [
+        pytest.param(0, 2, 1, 2, id="two-ranks-one-gpu"),
+        pytest.param(1, 4, 4, 1, id="one-rank-per-gpu"),
+        pytest.param(1, 5, 2, 2, id="ranks-1-and-3-on-gpu-1"),
+        pytest.param(0, 5, 2, 3, id="ranks-0-2-4-on-gpu-0"),
+        pytest.param(0, 2, 0, 1, id="no-gpu"),
+    ],
+)
+def test_ranks_sharing_a_gpu(local_rank: int, local_size: int, gpus: int, expected: int) -> None:
+    assert ranks_sharing(local_rank, local_size, gpus) == expected
 
 
 def test_cuda_without_a_gpu_says_how_to_fix_it() -> None:

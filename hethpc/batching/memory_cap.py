@@ -183,10 +183,12 @@ def measure_cap(
     *,
     rows: int,
     limit_gb: float = 0.0,
+    sharing: int = 1,
 ) -> int | None:
     """This rank's ``auto`` cap: the saved bytes of forward passes of ``rows // 2`` and
-    ``rows`` samples from ``batch(n)`` (at least 1 and 2), against :func:`memory_left`. The
-    model's buffers (BatchNorm's statistics) and the random streams are as they were after.
+    ``rows`` samples from ``batch(n)`` (at least 1 and 2), against :func:`memory_left`, of
+    which a GPU shared by ``sharing`` ranks gives each its part. The model's buffers
+    (BatchNorm's statistics) and the random streams are as they were after.
 
     Returns:
         The cap, or None where the saved bytes do not grow with the rows.
@@ -196,6 +198,8 @@ def measure_cap(
             ``limit_gb``), or not one sample fits.
     """
     left = memory_left(device, limit_gb)
+    if left is not None and device.type == "cuda":
+        left //= max(1, sharing)  # each rank on the GPU measured the same free memory
     if left is None:
         raise ValueError(
             "max_rank_batch auto needs to know how much memory this rank may use: on a CPU, "

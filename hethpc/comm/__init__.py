@@ -57,7 +57,7 @@ from hethpc.comm.link import (  # noqa: F401
     parse_link,
     set_link,
 )
-from hethpc.comm.objects import allgather_array, allreduce_array  # noqa: F401
+from hethpc.comm.objects import allgather_array, allreduce_array, on_host  # noqa: F401
 from hethpc.comm.p2p import (  # noqa: F401
     RecvRequest,
     Request,

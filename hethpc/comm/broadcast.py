@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from hethpc.comm import mpi_tensors, staging
 from hethpc.comm.collectives import _needs_staging
 from hethpc.comm.groups import Group, resolve
+from hethpc.comm.objects import on_host
 from hethpc.comm.runtime import state
 
 
@@ -47,15 +46,5 @@ def broadcast_optimizer_state(
         return
     sd = optimizer.state_dict() if g.rank == root else None
     if sd is not None:
-        sd = _to_cpu(sd)
+        sd = on_host(sd)
     optimizer.load_state_dict(g.mpi_comm.bcast(sd, root=root))
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

@@ -7,9 +7,10 @@ background cycle (about 1 ms); tensors go through :mod:`hethpc.comm.collectives`
 from __future__ import annotations
 
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
 from hethpc.comm.collectives import ReduceOp
 from hethpc.comm.errors import CommError
@@ -28,6 +29,19 @@ def barrier(group: Group | None = None) -> None:
         t0 = time.perf_counter()
         arrive(g.mpi_comm)
         emulate_collective(t0, "allreduce", 0, g.size)
+
+
+def on_host(obj: Any) -> Any:
+    """``obj`` with every tensor in it (through dicts, lists and tuples) detached and on the
+    CPU: what a GPU rank sends through the object collectives, which pickle tensors with their
+    device (a receiver would otherwise load them onto the sender's GPU index)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: on_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_host(v) for v in obj)
+    return obj
 
 
 def allgather_object(obj: T, group: Group | None = None) -> list[T]:

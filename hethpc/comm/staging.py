@@ -190,6 +190,10 @@ def host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def copy_back(tensor: torch.Tensor, host: torch.Tensor) -> None:
-    """Queue the copy of ``host`` (from :func:`host_copy`) into ``tensor``; recycle ``host``."""
-    tensor.copy_(host, non_blocking=tensor.is_cuda)
+    """Queue the copy of ``host`` (from :func:`host_copy`) into ``tensor``; recycle ``host``.
+
+    Outside autograd: ``tensor`` may be a parameter (a leaf that requires grad), reduced or
+    broadcast in place."""
+    with torch.no_grad():
+        tensor.copy_(host, non_blocking=tensor.is_cuda)
     pool().give(bytes_of(host), ready_fence(tensor))

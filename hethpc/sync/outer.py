@@ -98,8 +98,18 @@ class OuterOptimizer:
     def _params(model: torch.nn.Module) -> list[torch.Tensor]:
         return [p.data for p in model.parameters()]
 
+    def place(self, model: torch.nn.Module) -> None:
+        """Move the held state to ``model``'s device (a checkpoint is loaded on the CPU, and a
+        GPU run's outer step would otherwise mix devices)."""
+        device = next(model.parameters()).device
+        if self._start and self._start[0].device != device:
+            self._start = [t.to(device) for t in self._start]
+        if self._buf and self._buf[0].device != device:
+            self._buf = [t.to(device) for t in self._buf]
+
     def start(self, model: torch.nn.Module) -> None:
         """Take ``model``'s parameters as the start point, unless one is held already."""
+        self.place(model)
         if self._start is None:
             self._start = [t.detach().clone() for t in self._params(model)]
             if self.momentum > 0.0:
@@ -117,6 +127,7 @@ class OuterOptimizer:
         if self._start is None:
             self.start(model)
             return
+        self.place(model)
         new = outer_update(
             self._start, params, self._buf, lr=self.lr, momentum=self.momentum,
             nesterov=self.kind == "nesterov",

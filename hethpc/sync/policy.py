@@ -317,6 +317,7 @@ class SyncPolicy(abc.ABC):
         parameters are known to be common to the replicas (they started unequal, or a resume
         brought none)."""
         if self.outer is not None:
+            self.outer.place(model)
             return self.outer.start_point
         ref = self._reference
         device = next(model.parameters()).device

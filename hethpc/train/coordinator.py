@@ -50,7 +50,8 @@ class Coordinator:
         broadcast: start every rank from rank 0's weights.
         skip_nonfinite: skip, on every rank alike, a step whose loss or gradients hold NaN or
             Inf on any rank (one tiny collective per step).
-        device: the compute device (on CUDA the timer synchronises it).
+        device: the compute device (on CUDA the timer synchronises it); default: the device of
+            the model's first parameter.
         **settings: named like :class:`~hethpc.train.TrainConfig`'s fields and validated
             alike: ``sync``, ``threshold``, ``sync_window``, ``aggregation``,
             ``fedavg_period``, ``staleness``, ``outer_optimizer``, ``outer_lr``, ``outer_momentum``,
@@ -109,14 +110,14 @@ class Coordinator:
                 "(torch.optim.SGD(...) without hvd.DistributedOptimizer)"
             )
         comm.init(transport=self.config.transport)
+        if device is None:  # else a CUDA model's steps would time their kernel launches only
+            device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.model, self.optimizer = model, optimizer
         self.skip_nonfinite = skip_nonfinite
         check_same_model(model)
         if broadcast:
             comm.broadcast_model(model)
-        self.controller = make_controller(
-            self.config, device=torch.device(device) if device is not None else None
-        )
+        self.controller = make_controller(self.config, device=torch.device(device))
         self.policy = make_policy(self.config)
         self.clip = (
             GradientClip(optimizer, self.config.clip_grad_norm)
@@ -127,7 +128,7 @@ class Coordinator:
         self.skipped = 0
         self._t0 = math.nan
         self._cpu = CpuShare()  # compute time at the CPU share this rank gets
-        self._on_gpu = device is not None and torch.device(device).type == "cuda"
+        self._on_gpu = torch.device(device).type == "cuda"
 
     @property
     def batch_size(self) -> int:

@@ -68,7 +68,7 @@ def gather_state(
     if replicas_differ:
         mine["model"] = model.state_dict()
         mine["optimizer"] = optimizer.state_dict()
-    ranks = comm.allgather_object(mine)
+    ranks = comm.allgather_object(comm.on_host(mine))  # GPU state as CPU tensors (as loaded)
     if comm.rank() != 0:
         return None
     return {

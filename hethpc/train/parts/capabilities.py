@@ -26,6 +26,7 @@ from hethpc.sync.drift import DriftCorrection
 from hethpc.sync.factory import policy_class
 from hethpc.sync.outer import OuterOptimizer
 from hethpc.train.errors import ConfigError
+from hethpc.train.parts.device import ranks_sharing
 from hethpc.train.settings.config import TrainConfig
 from hethpc.train.settings.policy import (
     averages_optimizer_state,
@@ -240,9 +241,12 @@ def make_caps(
     mine: int | None | str
     try:
         rows = max(2, min(32, cfg.batch_size // max(replicas, 1)))
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         mine = measure_cap(
-            model, lambda n: first_rows(train, n), device, rows=rows, limit_gb=cfg.memory_limit_gb
-        )
+            model, lambda n: first_rows(train, n), device, rows=rows,
+            limit_gb=cfg.memory_limit_gb,
+            sharing=ranks_sharing(comm.local_rank(), comm.local_size(), gpus),
+        )  # fmt: skip
     except ValueError as e:
         mine = f"rank {comm.rank()}: {e}"
     every = comm.allgather_object(mine)  # every rank learns every cap, or every failure

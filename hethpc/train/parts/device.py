@@ -43,10 +43,22 @@ def pick_device(setting: str, *, local_rank: int, gpus: int) -> torch.device:
     return torch.device("cuda", local_rank % gpus)
 
 
+def ranks_sharing(local_rank: int, local_size: int, gpus: int) -> int:
+    """How many of a node's ranks compute on this rank's GPU (itself counted), as
+    :func:`pick_device` deals them out: ranks ``k`` with the same ``k mod gpus``."""
+    if gpus <= 0:
+        return 1
+    return sum(1 for k in range(local_size) if k % gpus == local_rank % gpus)
+
+
 def this_device(setting: str, local_rank: int) -> torch.device:
-    """:func:`pick_device` with the GPUs this process sees."""
+    """:func:`pick_device` with the GPUs this process sees; a GPU becomes this process's
+    current device (what CUDA-aware MPI, NCCL and a bare ``.cuda()`` use)."""
     gpus = torch.cuda.device_count() if setting != "cpu" else 0
-    return pick_device(setting, local_rank=local_rank, gpus=gpus)
+    device = pick_device(setting, local_rank=local_rank, gpus=gpus)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def describe_device(device: torch.device) -> str:

@@ -28,9 +28,9 @@ def start_run(
     check_same_config(cfg)
     if cfg.pipeline_stages > 1:
         check_pipeline_config(cfg, size)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and cfg.device != "cpu":
         # CPU kernels used here are deterministic already; on CPU this call would only cost
-        # seconds of imports (it loads torch._inductor).
+        # seconds of imports (it loads torch._inductor), and fill every new tensor.
         # warn_only: cuBLAS needs CUBLAS_WORKSPACE_CONFIG for determinism; without it, warn.
         torch.use_deterministic_algorithms(True, warn_only=True)
     refusal, chosen = "", cfg.run_dir
