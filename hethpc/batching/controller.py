@@ -176,6 +176,14 @@ class BatchController:
         the latest decision; NaN before the first)."""
         return dict(self._last)
 
+    def timer_start(self) -> float:
+        """The clock reading to pass to :meth:`timer_stop`; on CUDA after the device has
+        finished the work queued before (the last step's optimizer kernels are not this step's
+        compute)."""
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        return time.perf_counter()
+
     def timer_stop(self, t0: float, *, step: int | None = None) -> float:
         """Seconds of compute since ``t0`` (a ``time.perf_counter()`` reading).
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -144,7 +143,7 @@ class Coordinator:
         """Start timing this step's compute; call just before the forward pass."""
         self._cpu.begin_step()
         self._cpu.begin_compute()
-        self._t0 = time.perf_counter()
+        self._t0 = self.controller.timer_start()
 
     def step(self, loss: torch.Tensor | float | None = None) -> SyncRecord | None:
         """Finish the step on every rank: weigh, synchronise as the policy says, step.

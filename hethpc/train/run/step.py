@@ -98,7 +98,7 @@ class TrainStep:
         x, y = self._batch(step, sizes)
         cap = None if run.caps is None else run.caps[engine.replica]
         dog.kick(step, "compute")
-        tc = time.perf_counter()
+        tc = controller.timer_start()
         self.cpu.begin_compute()  # from here, as compute_s: speed-sized local steps included
 
         def poison(value: torch.Tensor, step: int = step) -> torch.Tensor:
