@@ -50,7 +50,8 @@ CARRIED = ROOT / ".device"
 NO_GPU = "skipped: no GPU"
 # The steps, in the order they run; "ok" needs each to be ok or skipped for a reason in ALLOWED.
 STEPS = ("setup", "environment", "cuda", "step_time", "allreduce", "train", "pipeline",
-         "bench_pipeline", "horovod")  # fmt: skip
+         "cuda_tests", "bench_pipeline", "horovod")  # fmt: skip
+CUDA_TESTS = "tests/mpi/test_comm_cuda.py"  # hethpc.comm on CUDA tensors; skipped without a GPU
 ALLOWED = (NO_GPU, "skipped: Horovod not built")
 TCP_ONLY = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp"}  # the last MPI to try, if all fail
 
@@ -317,6 +318,36 @@ def check_train(c: Check, np_: int, device: str, small: bool) -> dict[str, Any]:
     return res
 
 
+def check_cuda_tests(c: Check, gpus: int) -> dict[str, Any]:
+    """The CUDA tests of hethpc.comm on 2 ranks (sharing a GPU: the ``mpi`` transport)."""
+    cmd = [MPIRUN, "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "-q",
+           "-p", "no:cacheprovider", "--color=no", CUDA_TESTS]  # fmt: skip
+    # --cpu hides the GPU from the tests too
+    extra = {"HETHPC_TEST_TRANSPORT": "mpi", **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ |= extra
+    try:
+        rc, out = c.run(cmd, 120, "CUDA tests")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+    if rc == 125:
+        return {"status": out}
+    summary = next((ln.strip("= ") for ln in reversed(out.splitlines())
+                    if " passed" in ln or " failed" in ln or " skipped" in ln), "")  # fmt: skip
+    res: dict[str, Any] = {"tests": CUDA_TESTS, "summary": summary}
+    if rc != 0 or "failed" in summary or "error" in summary:
+        return {**res, **failed(rc, out)}
+    if not gpus:
+        return {**res, "status": NO_GPU}
+    res["status"] = "ok" if "passed" in summary and "skipped" not in summary else (
+        f"failed: expected every test to run on the GPU ({summary})")  # fmt: skip
+    return res
+
+
 def check_bench(c: Check, device: str, small: bool) -> dict[str, Any]:
     size = ["--width", "128", "--layers", "1", "--batch", "256", "--rounds", "2",
             "--memory-ms", "2"] if small else []  # fmt: skip
@@ -443,10 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         c.step("allreduce", lambda: c.result(ranks(2, "allreduce", dev, "mpi"), 60, "allreduce"))
         c.step("train", lambda: check_train(c, 2, dev, args.small))
         c.step("pipeline", lambda: c.result(ranks(2, "pipeline", dev, *small), 60, "pipeline"))
+        c.step("cuda_tests", lambda: check_cuda_tests(c, gpus))
         c.step("bench_pipeline", lambda: check_bench(c, dev, args.small))
         c.step("horovod", lambda: check_horovod(c, build, why, installed, gpus, dev))
     else:
-        for name in ("allreduce", "train", "pipeline", "bench_pipeline", "horovod"):
+        for name in ("allreduce", "train", "pipeline", "cuda_tests", "bench_pipeline", "horovod"):
             res[name] = {"status": "skipped: no working MPI (see setup)"}
         if build is not None:
             build.wait(time.monotonic())

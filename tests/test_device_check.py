@@ -50,6 +50,8 @@ def test_device_check_on_cpu(tmp_path: Path) -> None:
     assert res["step_time"]["median_ms"] > 0 and res["step_time"]["gpu"] == "skipped: no GPU"
     assert res["allreduce"]["sum"] == 3.0 and res["allreduce"]["ranks"] == 2
     assert res["pipeline"]["same_loss"] and res["pipeline"]["same_gradients"]
+    assert res["cuda_tests"]["status"] == "skipped: no GPU"
+    assert res["cuda_tests"]["summary"].startswith("16 skipped")  # every test found, none run
     assert res["train"]["device"] == "cpu" and res["train"]["transfers"]["p2p"] == "host memory"
     assert res["train"]["final_loss"] < res["train"]["first_loss"]
     assert len(res["train"]["max_rank_batch"]) == 2  # each rank's cap, measured (auto)

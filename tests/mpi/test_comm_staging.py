@@ -5,7 +5,7 @@ run here on CPU tensors: the same deferred posting (the poster thread hands a pa
 once its fence has passed, in the order the sends started), the same buffer pool and the same
 receive side.
 What only a GPU shows (pinned memory, side-stream copies, CUDA events, mpi4py reading device
-memory) is not run here.
+memory) is not run here: tests/mpi/test_comm_cuda.py runs it where a GPU is visible.
 """
 
 from __future__ import annotations
