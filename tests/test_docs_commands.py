@@ -44,7 +44,7 @@ ELSEWHERE = {
     "whole standard library's val/ and test/ (19 k windows), past this test's time limit; "
     "tests/test_examples.py trains the same way on two of its packages (examples/text)",
     "scripts/device_check.sh": "a GPU check; tests/test_device_check.py runs it with --cpu --small",
-    "scripts/device_prep.sh": "downloads about 11 MB from the package registries for a GPU "
+    "scripts/device_prep.sh": "downloads about 13 MB from the package registries for a GPU "
     "machine without them; tests/test_device_check.py checks what the check picks from them",
     "scripts/mpirun.sh -np 2 .venv/bin/python jobs/train.py --device cuda": "needs a GPU; "
     "scripts/device_check.sh runs jobs/train.py --device cuda there (on CPU: --device cpu)",
