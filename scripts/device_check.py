@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -459,6 +460,18 @@ def main(argv: list[str] | None = None) -> int:
         help="build Horovod even without a GPU (tries the recipe on a CPU machine)",
     )
     args = ap.parse_args(argv)
+    # Stopped from outside (the wrapper's timeout): end the build's processes too, on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    builds: list[device_horovod.Build] = []
+    try:
+        return run_check(args, builds)
+    finally:
+        for b in builds:
+            b.stop()
+
+
+def run_check(args: argparse.Namespace, builds: list[device_horovod.Build]) -> int:
+    """Every step in turn; a Horovod build started is appended to ``builds``."""
     c = Check(args.out, args.budget_s)
     res = c.res
     c.say(f"python {sys.executable}; budget {args.budget_s:.0f} s; results in "
@@ -482,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         build, why = start_horovod_build(
             c, cuda, sys_path, args.prefix, args.carried, args.horovod_build_s
         )
+        builds += [build] if build is not None else []
     if setup.get("mpi_works"):
         small = ["--small"] if args.small else []
         c.step("allreduce", lambda: c.result(ranks(2, "allreduce", dev, "mpi"), 60, "allreduce"))
@@ -494,8 +508,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for name in STEPS[4:]:
             res[name] = {"status": "skipped: no working MPI (see setup)"}
-        if build is not None:
-            build.wait(time.monotonic())
     res["ok"] = all(passed(str(res[s]["status"])) for s in STEPS)
     c.save()
     print(json.dumps(res), flush=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -130,14 +131,19 @@ class Build:
     limit_s: float
     env: dict[str, str] = field(default_factory=dict)
 
+    def stop(self) -> None:
+        """End the build and every process it started (its own process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def wait(self, deadline: float) -> dict[str, object]:
         """Wait for the build until its own limit or ``deadline`` (monotonic); the outcome."""
         end = min(self.started + self.limit_s, deadline)
         try:
             rc = self.proc.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.stop()
             rc = None
         took = round(time.monotonic() - self.started, 1)
         tail = self.log.read_text(errors="replace").strip().splitlines()[-8:]
