@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "scripts") not in sys.path:  # device_horovod lies beside this file
+if str(ROOT / "scripts") not in sys.path:  # horovod_build lies beside this file
     sys.path.insert(0, str(ROOT / "scripts"))
-import device_horovod  # noqa: E402
+import horovod_build  # noqa: E402
 
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
 CARRIED = ROOT / ".device"
@@ -108,12 +108,16 @@ class Check:
         if self.out_dir is not None:
             (self.out_dir / "device_check.json").write_text(json.dumps(self.res, indent=1) + "\n")
 
-    def run(self, cmd: list[str], limit: float, what: str) -> tuple[int, str]:
-        """``cmd`` for at most ``limit`` seconds and never past the budget; its output logged."""
+    def run(
+        self, cmd: list[str], limit: float, what: str, env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        """``cmd`` for at most ``limit`` seconds and never past the budget, with ``env`` added
+        to the environment; its output logged."""
         limit = min(limit, self.deadline - time.monotonic() - 3)
         if limit < 5:
             return 125, "skipped: the check's budget is spent"
-        env = {**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(limit)), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "HETHPC_MPIRUN_TIMEOUT": str(int(limit)), "OMP_NUM_THREADS": "1",
+               **(env or {})}  # fmt: skip
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit + 3, cwd=ROOT,
                                env=env)  # fmt: skip
@@ -252,7 +256,7 @@ def prepare(c: Check, prefix: Path, carried: Path) -> dict[str, Any]:
 def start_horovod_build(
     c: Check, cuda: dict[str, Any], sys_path: list[str], prefix: Path, carried: Path,
     limit_s: float,
-) -> tuple[device_horovod.Build | None, str]:  # fmt: skip
+) -> tuple[horovod_build.Build | None, str]:  # fmt: skip
     """Start building Horovod from a carried sdist; (the build, or None and why not)."""
     sdists = sorted(carried.glob("horovod-*.tar.gz")) if carried.is_dir() else []
     if not sdists:
@@ -260,22 +264,22 @@ def start_horovod_build(
     mpicxx = shutil.which("mpicxx")
     if mpicxx is None:
         return None, "no mpicxx on PATH (Horovod's MPI controller needs one)"
-    cuda_home = device_horovod.find_cuda_home()
+    cuda_home = horovod_build.find_cuda_home()
     if cuda_home is None:
         return None, "no nvcc (neither on PATH nor /usr/local/cuda/bin)"
-    nccl = device_horovod.find_nccl(sys_path, prefix / "nccl-shim")
+    nccl = horovod_build.find_nccl(sys_path, prefix / "nccl-shim")
     if nccl is None:
         return None, "no NCCL (nvidia/nccl/include/nccl.h and lib/libnccl.so.2) beside torch"
     cap = cuda.get("capability")
-    benv = device_horovod.build_env(cuda_home=cuda_home, nccl_include=nccl[0],
+    benv = horovod_build.build_env(cuda_home=cuda_home, nccl_include=nccl[0],
                                     nccl_lib=nccl[1], capability=tuple(cap) if cap else None,
                                     mpicxx=mpicxx, jobs=os.cpu_count() or 1)  # fmt: skip
     log = (c.out_dir or prefix) / "horovod_build.log"
     try:
-        b = device_horovod.start(sdists[-1], python=sys.executable, prefix=prefix,
+        b = horovod_build.start(sdists[-1], python=sys.executable, prefix=prefix,
                                  work=prefix / "horovod-build", log=log, limit_s=limit_s,
                                  env=benv)  # fmt: skip
-    except device_horovod.BuildError as e:
+    except horovod_build.BuildError as e:
         return None, str(e)
     c.say(f"building Horovod from {sdists[-1].name} in the background (at most {limit_s:.0f} s)")
     return b, "started"
@@ -337,17 +341,8 @@ def check_cuda_tests(c: Check, gpus: int) -> dict[str, Any]:
     cmd = [MPIRUN, "-np", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "-q",
            "-p", "no:cacheprovider", "--color=no", CUDA_TESTS]  # fmt: skip
     # --cpu hides the GPU from the tests too
-    extra = {"HETHPC_TEST_TRANSPORT": "mpi", **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ |= extra
-    try:
-        rc, out = c.run(cmd, 120, "CUDA tests")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+    env = {"HETHPC_TEST_TRANSPORT": "mpi", **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    rc, out = c.run(cmd, 120, "CUDA tests", env)
     if rc == 125:
         return {"status": out}
     summary = next((ln.strip("= ") for ln in reversed(out.splitlines())
@@ -402,7 +397,7 @@ def check_step_time(c: Check, gpus: int, small: bool) -> dict[str, Any]:
 
 
 def check_horovod(
-    c: Check, build: device_horovod.Build | None, why: str, installed: bool, gpus: int,
+    c: Check, build: horovod_build.Build | None, why: str, installed: bool, gpus: int,
     dev: str,
 ) -> dict[str, Any]:  # fmt: skip
     res: dict[str, Any] = {}
@@ -462,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # Stopped from outside (the wrapper's timeout): end the build's processes too, on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    builds: list[device_horovod.Build] = []
+    builds: list[horovod_build.Build] = []
     try:
         return run_check(args, builds)
     finally:
@@ -470,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             b.stop()
 
 
-def run_check(args: argparse.Namespace, builds: list[device_horovod.Build]) -> int:
+def run_check(args: argparse.Namespace, builds: list[horovod_build.Build]) -> int:
     """Every step in turn; a Horovod build started is appended to ``builds``."""
     c = Check(args.out, args.budget_s)
     res = c.res

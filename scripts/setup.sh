@@ -138,13 +138,8 @@ if ! have_horovod; then
     "$py" -m pip download -q --no-deps --no-binary :all: "horovod==$horovod_version" -d "$build"
     tar -xzf "$build/horovod-$horovod_version.tar.gz" -C "$build"
     src="$build/horovod-$horovod_version"
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
-      "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-    # CUDA 13's headers refuse the C++11 the release asks for its kernels (GPU builds only).
-    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' \
-      "$src/horovod/common/ops/cuda/CMakeLists.txt"
-    grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
-      || die "could not patch Horovod's C++ standard in $src/horovod/torch/CMakeLists.txt"
+    # C++17 for torch's headers, and for the CUDA kernels (CUDA 13's headers refuse C++11)
+    "$py" scripts/horovod_build.py patch "$src" || die "could not patch Horovod's sources (above)"
     # shellcheck disable=SC2086
     env $gpu_env PATH="$venv/bin:$PATH" MAKEFLAGS="-j$(nproc)" HOROVOD_WITH_PYTORCH=1 \
       HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \

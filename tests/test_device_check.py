@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import device_check  # noqa: E402
-import device_horovod  # noqa: E402
+import horovod_build  # noqa: E402
 
 outside_mpirun = pytest.mark.skipif(
     "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ,
@@ -88,24 +88,40 @@ def test_wheel_name_and_passed() -> None:
 
 def test_patch_cmake_raises_the_standards_once() -> None:
     text = "project(x)\nset(CMAKE_CXX_STANDARD 14)\n"
-    assert "CMAKE_CXX_STANDARD 17" in device_horovod.patch_cmake("CMakeLists.txt", text)
+    assert "CMAKE_CXX_STANDARD 17" in horovod_build.patch_cmake("CMakeLists.txt", text)
     cuda = "set(CMAKE_CUDA_STANDARD 11)\n"
     name = "horovod/common/ops/cuda/CMakeLists.txt"
-    assert device_horovod.patch_cmake(name, cuda) == "set(CMAKE_CUDA_STANDARD 17)\n"
-    assert device_horovod.patch_cmake("setup.py", "anything") == "anything"  # not patched
-    with pytest.raises(device_horovod.BuildError, match="expected one"):
-        device_horovod.patch_cmake("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 20)\n")
+    assert horovod_build.patch_cmake(name, cuda) == "set(CMAKE_CUDA_STANDARD 17)\n"
+    assert horovod_build.patch_cmake("setup.py", "anything") == "anything"  # not patched
+    with pytest.raises(horovod_build.BuildError, match="expected one"):
+        horovod_build.patch_cmake("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 20)\n")
+
+
+def test_patch_tree_edits_the_three_files_and_names_a_missing_one(tmp_path: Path) -> None:
+    texts = {"CMakeLists.txt": "set(CMAKE_CXX_STANDARD 14)\n",
+             "horovod/torch/CMakeLists.txt": "x\nset(CMAKE_CXX_STANDARD 14)\n",
+             "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 11)\n"}  # fmt: skip
+    for name, text in texts.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    horovod_build.patch_tree(tmp_path)
+    assert [(tmp_path / n).read_text().count(" 17)") for n in texts] == [1, 1, 1]
+    for name, text in texts.items():  # the release again, less one file
+        (tmp_path / name).write_text(text)
+    (tmp_path / "horovod/torch/CMakeLists.txt").unlink()
+    with pytest.raises(horovod_build.BuildError, match="no horovod/torch/CMakeLists.txt"):
+        horovod_build.patch_tree(tmp_path)
 
 
 def test_build_env_compiles_for_the_gpu_alone() -> None:
-    env = device_horovod.build_env(cuda_home="/usr/local/cuda", nccl_include="/n/include",
+    env = horovod_build.build_env(cuda_home="/usr/local/cuda", nccl_include="/n/include",
                                    nccl_lib="/shim", capability=(9, 0), mpicxx="/x/mpicxx",
                                    jobs=16)  # fmt: skip
     assert env["HOROVOD_GPU_OPERATIONS"] == "NCCL" and env["HOROVOD_BUILD_CUDA_CC_LIST"] == "90"
     assert (env["HOROVOD_WITH_MPI"], env["MPI_CXX_COMPILER"]) == ("1", "/x/mpicxx")
     assert (env["HOROVOD_NCCL_INCLUDE"], env["HOROVOD_NCCL_LIB"]) == ("/n/include", "/shim")
     assert env["MAKEFLAGS"] == "-j16"
-    cpu = device_horovod.build_env(cuda_home=None, nccl_include=None, nccl_lib=None,
+    cpu = horovod_build.build_env(cuda_home=None, nccl_include=None, nccl_lib=None,
                                    capability=None, mpicxx="mpicxx", jobs=2)  # fmt: skip
     assert "HOROVOD_GPU_OPERATIONS" not in cpu and cpu["HOROVOD_WITH_PYTORCH"] == "1"
 
@@ -114,10 +130,10 @@ def test_find_nccl_links_the_unversioned_library(tmp_path: Path) -> None:
     home = tmp_path / "site" / "nvidia" / "nccl"
     (home / "include").mkdir(parents=True)
     (home / "lib").mkdir()
-    assert device_horovod.find_nccl([str(tmp_path / "site")], tmp_path / "shim") is None
+    assert horovod_build.find_nccl([str(tmp_path / "site")], tmp_path / "shim") is None
     (home / "include" / "nccl.h").write_text("")
     (home / "lib" / "libnccl.so.2").write_text("")
-    inc, lib = device_horovod.find_nccl([str(tmp_path / "none"), str(tmp_path / "site")],
+    inc, lib = horovod_build.find_nccl([str(tmp_path / "none"), str(tmp_path / "site")],
                                         tmp_path / "shim")  # fmt: skip
     assert inc == str(home / "include")
     assert (Path(lib) / "libnccl.so").resolve() == (home / "lib" / "libnccl.so.2").resolve()

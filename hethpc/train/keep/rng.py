@@ -19,7 +19,7 @@ def get_rng_state() -> dict[str, Any]:
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np.asarray(np_state[1]), *np_state[2:]],
         "torch": torch.get_rng_state(),
-        "cuda": [t.cpu() for t in cuda] if cuda is not None else None,
+        "cuda": cuda,  # CPU byte tensors, one per GPU
     }
 
 

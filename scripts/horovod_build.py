@@ -1,7 +1,12 @@
-"""Horovod with NCCL built on a GPU machine with no package registry, from a carried sdist.
+"""Horovod 0.28.1's source made to build against today's torch and CUDA, and its build with NCCL
+on a GPU machine with no package registry, from a carried sdist.
 
-The device check (scripts/device_check.py) starts :func:`start` in the background when
-Horovod is missing, a ``horovod-*.tar.gz`` lies in the carried folder (``.device/``, filled by
+    python scripts/horovod_build.py patch SRC                  # what scripts/setup.sh runs
+    python scripts/horovod_build.py build SDIST PREFIX [LIMIT_S] # by hand, in the foreground
+
+``patch`` edits an unpacked source tree (:data:`PATCHES`). The device check
+(scripts/device_check.py) starts :func:`start` in the background when Horovod is missing, a
+``horovod-*.tar.gz`` lies in the carried folder (``.device/``, filled by
 ``scripts/device_prep.sh``) and nvcc is there; it builds within a time limit and installs into
 the check's own prefix (nothing of the machine's Python is touched). What it needs from the
 machine: the Python with torch (a CUDA build), CMake, a C++ compiler, nvcc, NCCL's headers and
@@ -11,8 +16,9 @@ pyyaml, packaging).
 
 The release needs three edits to build against today's torch and CUDA (:func:`patch_cmake`):
 C++17 instead of C++14 (torch's headers), and C++17 for the CUDA kernels (CUDA 13's headers
-refuse C++11). Only the GPU's own architecture is compiled (``HOROVOD_BUILD_CUDA_CC_LIST``),
-not every one nvcc knows, which would take several times as long.
+refuse C++11). The device check compiles the GPU's own architecture alone
+(``HOROVOD_BUILD_CUDA_CC_LIST``), not every one nvcc knows, which would take several times as
+long; setup.sh, whose wheel serves every GPU of a cluster, compiles them all.
 """
 
 from __future__ import annotations
@@ -61,6 +67,19 @@ def patch_cmake(name: str, text: str) -> str:
                 raise BuildError(f"{name}: expected one '{pattern}' to patch, found {n}")
             return patched
     return text
+
+
+def patch_tree(src: Path) -> None:
+    """Apply :data:`PATCHES` to the unpacked source tree ``src``.
+
+    Raises:
+        BuildError: a file to patch, or its pattern, is not there (another Horovod release).
+    """
+    for name, _, _ in PATCHES:
+        path = src / name
+        if not path.is_file():
+            raise BuildError(f"{src}: no {name} to patch (another Horovod release?)")
+        path.write_text(patch_cmake(name, path.read_text()))
 
 
 def build_env(
@@ -182,11 +201,7 @@ def start(
     if len(srcs) != 1:
         raise BuildError(f"{sdist}: expected one horovod-* folder inside, found {len(srcs)}")
     src = srcs[0]
-    for name, _, _ in PATCHES:
-        path = src / name
-        if not path.is_file():
-            raise BuildError(f"{sdist}: no {name} to patch (another Horovod release?)")
-        path.write_text(patch_cmake(name, path.read_text()))
+    patch_tree(src)
     wheels = work / "wheel"
     pip = f"{python} -m pip"
     script = (
@@ -204,16 +219,23 @@ def start(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build Horovod from an sdist here, in the foreground (for trying the recipe by hand).
-
-    python scripts/device_horovod.py SDIST PREFIX [LIMIT_S]
-    """
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (2, 3):
-        print(main.__doc__, file=sys.stderr)
-        return 2
-    sdist, prefix = Path(argv[0]), Path(argv[1]).resolve()
-    limit = float(argv[2]) if len(argv) == 3 else 600.0
+    try:
+        if argv[:1] == ["patch"] and len(argv) == 2:
+            patch_tree(Path(argv[1]))
+            return 0
+        if argv[:1] == ["build"] and len(argv) in (3, 4):
+            return _build(Path(argv[1]), Path(argv[2]).resolve(),
+                          float(argv[3]) if len(argv) == 4 else 600.0)  # fmt: skip
+    except BuildError as e:
+        print(f"horovod_build: {e}", file=sys.stderr)
+        return 1
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 2
+
+
+def _build(sdist: Path, prefix: Path, limit: float) -> int:
+    """Build ``sdist`` in the foreground into ``prefix`` (trying the recipe by hand)."""
     mpicxx = shutil.which("mpicxx")
     if mpicxx is None:
         print("no mpicxx on PATH: Horovod's MPI controller cannot be built", file=sys.stderr)
@@ -224,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                     jobs=os.cpu_count() or 1)  # fmt: skip
     b = start(sdist, python=sys.executable, prefix=prefix, work=prefix / "build",
               log=prefix / "build.log", limit_s=limit, env=env)  # fmt: skip
-    print(b.wait(float("inf")))
-    return 0
+    result = b.wait(float("inf"))
+    print(result)
+    return 0 if result["built"] else 1
 
 
 if __name__ == "__main__":
