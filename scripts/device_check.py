@@ -42,9 +42,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "scripts") not in sys.path:  # horovod_build lies beside this file
-    sys.path.insert(0, str(ROOT / "scripts"))
+for _path in (ROOT / "scripts", ROOT):  # horovod_build beside this file; hethpc of this tree
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 import horovod_build  # noqa: E402
+
+from hethpc.cli.parser import ArgumentParser  # noqa: E402 - light: no torch, no MPI
 
 MPIRUN = str(ROOT / "scripts" / "mpirun.sh")
 CARRIED = ROOT / ".device"
@@ -416,7 +419,7 @@ def check_horovod(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="run every step on CPU")
     ap.add_argument("--small", action="store_true", help="tiny sizes (tests)")
     ap.add_argument(
@@ -455,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         help="build Horovod even without a GPU (tries the recipe on a CPU machine)",
     )
     args = ap.parse_args(argv)
+    if args.carried != CARRIED and not args.carried.is_dir():
+        ap.error(f"--carried {args.carried}: no such folder (scripts/device_prep.sh fills "
+                 f"{CARRIED.relative_to(ROOT)}/, the default)")  # fmt: skip
     # Stopped from outside (the wrapper's timeout): end the build's processes too, on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     builds: list[horovod_build.Build] = []
